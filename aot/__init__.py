@@ -1,0 +1,1 @@
+"""aotc builder: model.py -> torch.export -> IR -> kernels -> C++ .so / Triton cubins -> package."""

@@ -1,0 +1,280 @@
+"""Loop-level kernels: what fusion produces and both code generators (C++ and Triton) consume.
+
+A kernel is a loop nest over symbolic ranges with loads, a small expression tree per stored value,
+and stores. Index math is sympy over the loop variables (``i0, i1, ...`` for the output space,
+``r0, r1, ...`` for reduction space) and the shape symbols; codegen prints it to C or Triton.
+
+Value trees are frozen dataclasses, so equal subtrees compare and hash equal: codegen CSEs by value.
+Operands of Binary share one dtype (IR rule); comparisons give bool; DIV on ints floors; MOD is Python's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import sympy
+
+from .ir import DType, Op, Symbol
+
+
+def loop_var(prefix: str, k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True)
+
+
+def loop_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(loop_var(prefix, k) for k in range(n))
+
+
+# ---- value trees --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float | int | bool
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Index:
+    """The value of an integer index expression (loop variables and shape symbols)."""
+
+    expr: sympy.Expr
+    dtype: DType = DType.i64
+
+
+@dataclass(frozen=True)
+class Load:
+    """``buf[index]`` in elements. ``index`` is an i64 tree: usually ``Index``, data-dependent for gathers."""
+
+    buf: str
+    index: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: Op  # a member of ir.Family.UNARY; CAST converts to ``dtype``
+    x: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: Op  # a member of ir.Family.BINARY
+    a: Value
+    b: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Where:
+    cond: Value
+    a: Value
+    b: Value
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Masked:
+    """``body`` where ``mask`` holds, else ``other``. Loads inside ``body`` must not run where it fails."""
+
+    mask: Value
+    body: Value
+    other: float | int | bool
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Acc:
+    """The accumulator of a Matmul or Conv at the current output position (fp32 for float inputs)."""
+
+    dtype: DType = DType.f32
+
+
+@dataclass(frozen=True)
+class ReduceRef:
+    """The result of step ``step`` of the enclosing Reduce kernel, for the current outer position."""
+
+    step: int
+    dtype: DType
+
+
+Value = Union[Const, Index, Load, Unary, Binary, Where, Masked, Acc, ReduceRef]  # noqa: UP007
+
+
+def children(v: Value) -> tuple[Value, ...]:
+    if isinstance(v, Load):
+        return (v.index,)
+    if isinstance(v, Unary):
+        return (v.x,)
+    if isinstance(v, Binary):
+        return (v.a, v.b)
+    if isinstance(v, Where):
+        return (v.cond, v.a, v.b)
+    if isinstance(v, Masked):
+        return (v.mask, v.body)
+    return ()
+
+
+def walk(v: Value) -> list[Value]:
+    """Every node of a tree once, children before parents."""
+    seen: dict[Value, None] = {}
+
+    def go(x: Value) -> None:
+        if x in seen:
+            return
+        for c in children(x):
+            go(c)
+        seen[x] = None
+
+    go(v)
+    return list(seen)
+
+
+# ---- kernels ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Store:
+    """``buf[index] = value``; ``index`` is sympy over the kernel's loop variables."""
+
+    buf: str
+    index: sympy.Expr
+    value: Value
+
+
+@dataclass(frozen=True)
+class Strided:
+    """A library operand: element ``(a, b, ...)`` is at ``buf[offset + a*strides[0] + b*strides[1] + ...]``.
+    ``offset`` may depend on the kernel's batch variables ``i0..``."""
+
+    buf: str
+    offset: sympy.Expr
+    strides: tuple[sympy.Expr, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    """for i in ranges: stores."""
+
+    name: str
+    ranges: tuple[sympy.Expr, ...]
+    stores: tuple[Store, ...]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    op: Op  # SUM, RMAX or RMIN
+    value: Value  # over i*, r* and earlier ReduceRefs
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """for i in ranges: steps[0..] each reduce over r in reduce_ranges (in order); then stores.
+
+    A store whose index mentions no ``r`` variable runs once per outer position; a store whose index
+    does runs over the whole reduce space after all steps (softmax, layer-norm outputs)."""
+
+    name: str
+    ranges: tuple[sympy.Expr, ...]
+    reduce_ranges: tuple[sympy.Expr, ...]
+    steps: tuple[Reduction, ...]
+    stores: tuple[Store, ...]
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """C[b..., m, n] = sum_k A[m, k] * B[k, n], then stores over (i0.. batch, i{nb} = m, i{nb+1} = n).
+
+    ``a.strides`` = (stride of m, stride of k); ``b.strides`` = (stride of k, stride of n); their offsets
+    are expressions over the batch variables. Stores use ``Acc`` plus any other loads (epilogue)."""
+
+    name: str
+    batch: tuple[sympy.Expr, ...]
+    m: sympy.Expr
+    n: sympy.Expr
+    k: sympy.Expr
+    a: Strided
+    b: Strided
+    stores: tuple[Store, ...]
+
+
+@dataclass(frozen=True)
+class Conv:
+    """2-D convolution, NCHW input ``x`` (strides n, c, h, w) and OIHW weight ``w`` (strides o, i, kh, kw).
+    Stores over (i0 = n, i1 = output channel, i2 = oh, i3 = ow) with ``Acc``."""
+
+    name: str
+    x: Strided
+    w: Strided
+    batch: sympy.Expr
+    c_in: int
+    height: sympy.Expr
+    width: sympy.Expr
+    c_out: int
+    kernel: tuple[int, int]
+    out_hw: tuple[sympy.Expr, sympy.Expr]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    stores: tuple[Store, ...]
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Inclusive prefix sum along r0: for i in ranges: acc = 0; for r0 in length: acc += value; store."""
+
+    name: str
+    ranges: tuple[sympy.Expr, ...]
+    length: sympy.Expr
+    value: Value  # over i*, r0
+    dtype: DType
+    store_buf: str
+    store_index: sympy.Expr  # over i*, r0
+
+
+Kernel = Union[Pointwise, Reduce, Matmul, Conv, Scan]  # noqa: UP007
+
+
+# ---- the whole program ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    dtype: DType
+    shape: tuple[sympy.Expr | int, ...]
+    kind: str  # "input" | "output" | "weight" | "arena"
+
+    def numel(self) -> sympy.Expr | int:
+        n: sympy.Expr | int = 1
+        for d in self.shape:
+            n = n * d
+        return n
+
+    def nbytes(self) -> sympy.Expr | int:
+        return self.numel() * self.dtype.itemsize
+
+
+@dataclass
+class Program:
+    """Kernels in launch order over named buffers. Arena buffers get byte offsets from the memory plan."""
+
+    symbols: list[Symbol]
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    weights: list[Buffer]
+    arena: list[Buffer]
+    kernels: list[Kernel]
+    arena_offsets: dict[str, sympy.Expr | int] = field(default_factory=dict)
+    arena_size: sympy.Expr | int = 0
+
+    def buffer(self, name: str) -> Buffer:
+        for b in (*self.inputs, *self.outputs, *self.weights, *self.arena):
+            if b.name == name:
+                return b
+        raise KeyError(name)
