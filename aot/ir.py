@@ -161,7 +161,7 @@ class WeightAttr:
 
 @dataclass(frozen=True)
 class FullAttr:
-    value: float | int | bool
+    value: float | int | bool | sympy.Expr  # a sympy value is a symbolic size (e.g. a mean's count)
 
 
 @dataclass(frozen=True)

@@ -272,9 +272,36 @@ class Program:
     kernels: list[Kernel]
     arena_offsets: dict[str, sympy.Expr | int] = field(default_factory=dict)
     arena_size: sympy.Expr | int = 0
+    labels: dict[str, str] = field(default_factory=dict)  # buffer -> user-facing name (inputs, outputs, weights)
 
     def buffer(self, name: str) -> Buffer:
         for b in (*self.inputs, *self.outputs, *self.weights, *self.arena):
             if b.name == name:
                 return b
         raise KeyError(name)
+
+
+def values(k: Kernel) -> list[Value]:
+    """The root value trees of a kernel (stores, reduction steps, scan body)."""
+    if isinstance(k, Scan):
+        return [k.value]
+    out = [s.value for s in k.stores]
+    if isinstance(k, Reduce):
+        out += [s.value for s in k.steps]
+    return out
+
+
+def reads(k: Kernel) -> set[str]:
+    """Names of the buffers a kernel reads."""
+    out = {v.buf for root in values(k) for v in walk(root) if isinstance(v, Load)}
+    if isinstance(k, Matmul):
+        out |= {k.a.buf, k.b.buf}
+    if isinstance(k, Conv):
+        out |= {k.x.buf, k.w.buf}
+    return out
+
+
+def writes(k: Kernel) -> set[str]:
+    if isinstance(k, Scan):
+        return {k.store_buf}
+    return {s.buf for s in k.stores}

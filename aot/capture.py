@@ -1,0 +1,181 @@
+"""model.py -> torch.export -> core ATen ExportedProgram.
+
+Loads the user's file by the DESIGN.md convention (``model`` or ``get_model()``, ``example_inputs`` or
+``get_example_inputs()``, optional ``dynamic_shapes``), exports it, and decomposes to core ATen. Export
+failures become ``CaptureError`` naming the cause and the user's source line, not a torch traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aotc.errors import CaptureError, UsageError
+
+
+@dataclass
+class Captured:
+    program: torch.export.ExportedProgram
+    model: torch.nn.Module
+    example_inputs: tuple[Any, ...]
+    input_names: list[str]
+    dim_labels: dict[tuple[str, int], str]  # (input name, axis) -> the user's Dim name
+    name: str
+    source_sha256: str
+    path: Path
+
+
+def _load_module(path: Path) -> Any:
+    if not path.is_file():
+        raise UsageError(f"model file {str(path)!r} does not exist: pass the path of a model.py")
+    name = "aotc_user_" + re.sub(r"\W", "_", path.stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise CaptureError(f"importing {path} failed: {type(e).__name__}: {e}\n{_user_frame(e, path)}") from None
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def _pick(module: Any, path: Path, override: str | None, names: tuple[str, str], what: str) -> Any:
+    candidates = (override,) if override else names
+    for n in candidates:
+        if n and hasattr(module, n):
+            obj = getattr(module, n)
+            is_factory = n.startswith("get_") or (override is not None and callable(obj) and not isinstance(obj, torch.nn.Module))
+            return obj() if is_factory else obj
+    raise UsageError(
+        f"{path} defines none of {', '.join(c for c in candidates if c)}: define {what} "
+        f"(or pass --entry/--inputs-entry to name it)"
+    )
+
+
+def _user_frame(exc: BaseException, path: Path) -> str:
+    """The deepest traceback frame inside the user's file, as 'file:line: code'."""
+    found = ""
+    for fs in traceback.extract_tb(exc.__traceback__):
+        if Path(fs.filename).resolve() == path.resolve():
+            found = f"  at {path.name}:{fs.lineno}: {fs.line}"
+    if not found:
+        m = re.search(rf'File "([^"]*{re.escape(path.name)})", line (\d+)', str(exc))
+        if m:
+            found = f"  at {path.name}:{m.group(2)}"
+    return found
+
+
+def _dim_labels(dynamic_shapes: Any, input_names: list[str]) -> dict[tuple[str, int], str]:
+    labels: dict[tuple[str, int], str] = {}
+    if dynamic_shapes is None:
+        return labels
+    items: list[tuple[str, Any]]
+    if isinstance(dynamic_shapes, dict):
+        items = list(dynamic_shapes.items())
+    else:
+        items = list(zip(input_names, dynamic_shapes, strict=False))
+    for name, spec in items:
+        if isinstance(spec, dict):
+            for axis, dim in spec.items():
+                label = getattr(dim, "__name__", None)
+                if label:
+                    labels[(name, int(axis))] = str(label)
+    return labels
+
+
+def parse_dynamic(specs: tuple[str, ...], example_inputs: tuple[Any, ...], names: list[str]) -> dict[str, Any]:
+    """``--dynamic input:axis:label[:min:max]`` flags -> torch.export dynamic_shapes."""
+    out: dict[str, dict[int, Any]] = {}
+    for s in specs:
+        parts = s.split(":")
+        if len(parts) not in (3, 5) or not parts[1].isdigit():
+            raise UsageError(f"--dynamic {s!r}: expected INPUT:AXIS:LABEL or INPUT:AXIS:LABEL:MIN:MAX")
+        name, axis, label = parts[0], int(parts[1]), parts[2]
+        if name not in names:
+            raise UsageError(f"--dynamic {s!r}: the model has no input {name!r} (inputs: {', '.join(names)})")
+        kw = {"min": int(parts[3]), "max": int(parts[4])} if len(parts) == 5 else {}
+        out.setdefault(name, {})[axis] = torch.export.Dim(label, **kw)
+    return out
+
+
+def _forward_names(model: torch.nn.Module, n: int) -> list[str]:
+    import inspect
+
+    params = list(inspect.signature(model.forward).parameters)
+    return params[:n] if len(params) >= n else [f"input{i}" for i in range(n)]
+
+
+def capture(
+    path: Path, entry: str | None = None, inputs_entry: str | None = None, dynamic: tuple[str, ...] = ()
+) -> Captured:
+    path = Path(path)
+    module = _load_module(path)
+    model = _pick(module, path, entry, ("model", "get_model"), "`model` (an nn.Module) or `get_model()`")
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{path}: the model entry is a {type(model).__name__}, not a torch.nn.Module")
+    inputs = _pick(
+        module, path, inputs_entry, ("example_inputs", "get_example_inputs"),
+        "`example_inputs` (a tuple) or `get_example_inputs()`",
+    )  # fmt: skip
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    inputs = tuple(inputs)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise UsageError(f"{path}: example input {i} is a {type(x).__name__}; aotc takes tensors only")
+    model.eval()
+    names = _forward_names(model, len(inputs))
+    dynamic_shapes = getattr(module, "dynamic_shapes", None)
+    if dynamic:
+        dynamic_shapes = parse_dynamic(dynamic, inputs, names)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+            ep = ep.run_decompositions()
+    except Exception as e:
+        raise CaptureError(_explain(e, path)) from None
+    return Captured(
+        program=ep,
+        model=model,
+        example_inputs=inputs,
+        input_names=[s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"],
+        dim_labels=_dim_labels(dynamic_shapes, names),
+        name=path.stem,
+        source_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        path=path,
+    )
+
+
+_CAUSES = (
+    ("GuardOnDataDependentSymNode", "data-dependent control flow (a Python branch or size that depends on tensor values)"),
+    ("data-dependent", "data-dependent control flow (a Python branch or size that depends on tensor values)"),
+    ("Constraints violated", "a dynamic dimension was specialised by the model code"),
+    ("graph break", "a graph break (code torch.export cannot trace)"),
+    ("Unsupported", "code torch.export cannot trace"),
+    ("fake", "an op with no fake-tensor (meta) implementation"),
+)  # fmt: skip
+
+
+def _explain(e: Exception, path: Path) -> str:
+    text = str(e)
+    cause = next((c for key, c in _CAUSES if key.lower() in text.lower()), "torch.export failed")
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    where = _user_frame(e, path)
+    hint = "fix: rewrite that line to avoid it, or mark the dimension dynamic with a matching range"
+    with contextlib.suppress(Exception):
+        if "Constraints violated" in text:
+            hint = "fix: adjust dynamic_shapes (see torch's suggested fixes in the first line)"
+    return f"cannot capture {path.name}: {cause}.\n  {type(e).__name__}: {first}\n{where}\n  {hint}".rstrip()

@@ -1,0 +1,693 @@
+"""Graph -> kernels: decide which values live in memory, and fuse everything else into their consumers.
+
+Note: the scheme. A *realized* node gets a buffer; every other node is recomputed inside the kernels
+that read it. Each realized node (a *root*) becomes one kernel whose stored value is the root's
+expression tree, built by ``_Build.value``: it walks producers until it meets realized buffers (loads),
+folds views (permute/expand/slice/reshape) into index math, absorbs one matmul/conv as the kernel's
+template (its pointwise consumers become the epilogue), and turns reductions over the kernel's reduce
+space into reduction steps (softmax and layer-norm become one kernel each).
+When a root cannot absorb something (a reduction over another space, two matmuls, a gather from a
+computed table, a value several kernels would recompute), the builder raises ``Realize(node)``; the
+node gets a buffer of its own and only the kernels that touched it are rebuilt. Every such decision is
+logged with its reason (``Fusion.log``), like Inductor's fusion logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import sympy
+
+from . import kernel as K
+from .ir import (
+    ArangeAttr,
+    AxisAttr,
+    ConvAttr,
+    Dim,
+    DType,
+    Family,
+    FullAttr,
+    Graph,
+    InputAttr,
+    Node,
+    Op,
+    PadAttr,
+    PermuteAttr,
+    PoolAttr,
+    ReduceAttr,
+    SliceAttr,
+    WeightAttr,
+    dims_equal,
+)
+
+Idx = tuple[sympy.Expr, ...]
+
+
+class Realize(Exception):  # noqa: N818 - a control-flow signal, not an error
+    def __init__(self, node: Node, reason: str) -> None:
+        super().__init__(f"{node}: {reason}")
+        self.node = node
+        self.reason = reason
+
+
+def contiguous_strides(shape: tuple[Dim, ...]) -> tuple[sympy.Expr, ...]:
+    out: list[sympy.Expr] = []
+    acc: sympy.Expr = sympy.Integer(1)
+    for d in reversed(shape):
+        out.append(acc)
+        acc = acc * d
+    return tuple(reversed(out))
+
+
+def flat_index(idx: Idx, shape: tuple[Dim, ...]) -> sympy.Expr:
+    return sympy.Add(*(i * s for i, s in zip(idx, contiguous_strides(shape), strict=True)))
+
+
+def _is_one(d: Dim) -> bool:
+    return isinstance(d, int) and d == 1
+
+
+def _groups(src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """Pair runs of non-unit dims of ``src`` and ``dst`` whose sizes multiply to the same value."""
+    old = [k for k, d in enumerate(src) if not _is_one(d)]
+    new = [k for k, d in enumerate(dst) if not _is_one(d)]
+    out: list[tuple[list[int], list[int]]] = []
+    oi = ti = 0
+    while oi < len(old) and ti < len(new):
+        og, ng = [old[oi]], [new[ti]]
+        op, np_ = src[old[oi]], dst[new[ti]]
+        oi, ti = oi + 1, ti + 1
+        while not dims_equal(op, np_):
+            if _num(op) < _num(np_):
+                if oi >= len(old):
+                    return None
+                og.append(old[oi])
+                op = op * src[old[oi]]
+                oi += 1
+            else:
+                if ti >= len(new):
+                    return None
+                ng.append(new[ti])
+                np_ = np_ * dst[new[ti]]
+                ti += 1
+        out.append((og, ng))
+    if oi != len(old) or ti != len(new):
+        return None
+    return out
+
+
+def view_strides(shape: tuple[Dim, ...], strides: tuple[sympy.Expr, ...], new: tuple[Dim, ...]) -> tuple | None:
+    """Strides that view ``shape``/``strides`` as ``new`` without a copy, or None (torch's computeStride)."""
+    groups = _groups(shape, new)
+    if groups is None:
+        return None
+    out: list[sympy.Expr] = [sympy.Integer(0)] * len(new)
+    for og, ng in groups:
+        for a, b in zip(og, og[1:], strict=False):
+            if not dims_equal(strides[a], strides[b] * shape[b]):
+                return None
+        acc = strides[og[-1]]
+        for k in reversed(ng):
+            out[k] = acc
+            acc = acc * new[k]
+    return tuple(out)
+
+
+def _num(d: Dim) -> float:
+    """A size to compare magnitudes when growing view groups; symbols count as large."""
+    if isinstance(d, int):
+        return d
+    return float(sympy.sympify(d).subs({s: 10**6 for s in sympy.sympify(d).free_symbols}))
+
+
+# ---- index arithmetic that keeps split/merge reshapes affine ------------------------------------------
+
+
+def _bound(e: sympy.Expr, ranges: dict[sympy.Symbol, Dim]) -> int | None:
+    """An upper bound on a nonnegative linear index expression, or None when unknown."""
+    total = 0
+    for term, coeff in e.as_coefficients_dict().items():
+        if term == 1:
+            total += int(coeff)
+            continue
+        if not (coeff.is_Integer and int(coeff) >= 0 and term in ranges and isinstance(ranges[term], int)):
+            return None
+        total += int(coeff) * (int(ranges[term]) - 1)  # type: ignore[arg-type]
+    return total
+
+
+def _exact_quotient(c: sympy.Expr, p: Dim) -> sympy.Expr | None:
+    if isinstance(p, int):
+        coeff, rest = c.as_coeff_Mul()
+        if coeff.is_Integer and int(coeff) % p == 0:
+            return (int(coeff) // p) * rest
+        return None
+    q = sympy.cancel(c / p)
+    num, den = sympy.fraction(q)
+    return q if den == 1 and all(t.is_Integer for t in sympy.Poly(num).coeffs()) else None
+
+
+def fdiv(e: sympy.Expr, p: Dim, ranges: dict[sympy.Symbol, Dim]) -> sympy.Expr:
+    """floor(e / p), kept linear when the terms that do not divide by p sum to less than p."""
+    if _is_one(p):
+        return e
+    q, r = sympy.Integer(0), sympy.Integer(0)
+    for term, coeff in e.as_coefficients_dict().items():
+        part = _exact_quotient(coeff * term, p)
+        if part is None:
+            r += coeff * term
+        else:
+            q += part
+    if r == 0:
+        return q
+    b = _bound(r, ranges)
+    if b is not None and isinstance(p, int) and b < p:
+        return q
+    return sympy.floor(e / p)
+
+
+def fmod(e: sympy.Expr, m: Dim, ranges: dict[sympy.Symbol, Dim]) -> sympy.Expr:
+    """e mod m, dropping terms that are multiples of m and the mod itself when e < m always."""
+    if _is_one(m):
+        return sympy.Integer(0)
+    keep = sympy.Integer(0)
+    for term, coeff in e.as_coefficients_dict().items():
+        if _exact_quotient(coeff * term, m) is None:
+            keep += coeff * term
+    b = _bound(keep, ranges)
+    if b is not None and isinstance(m, int) and b < m:
+        return keep
+    if isinstance(keep, sympy.Symbol) and keep in ranges and dims_equal(ranges[keep], m):
+        return keep
+    return sympy.Mod(keep, m)
+
+
+def reshape_index(idx: Idx, src: tuple[Dim, ...], dst: tuple[Dim, ...], ranges: dict) -> Idx:
+    """Indices into ``src`` for position ``idx`` of its reshape to ``dst`` (row-major)."""
+    groups = _groups(src, dst)
+    if groups is None:
+        groups = [([k for k in range(len(src)) if not _is_one(src[k])], [k for k in range(len(dst)) if not _is_one(dst[k])])]
+    out: list[sympy.Expr] = [sympy.Integer(0)] * len(src)
+    for og, ng in groups:
+        flat: sympy.Expr = sympy.Integer(0)
+        for k in ng:
+            flat = flat * dst[k] + idx[k]
+        inner: Dim = 1
+        for j, k in enumerate(reversed(og)):
+            q = fdiv(flat, inner, ranges)
+            out[k] = q if j == len(og) - 1 else fmod(q, src[k], ranges)
+            inner = inner * src[k]
+    return tuple(out)
+
+
+# ---- the builder of one kernel ----------------------------------------------------------------------
+
+
+def _const(v: object, dtype: DType) -> K.Const:
+    if dtype is DType.bool:
+        return K.Const(bool(v), dtype)
+    return K.Const(int(v) if dtype.is_int else float(v), dtype)  # type: ignore[call-overload]
+
+
+def _idx(e: sympy.Expr | int) -> K.Value:
+    return K.Index(sympy.sympify(e))
+
+
+def _cmp(op: Op, a: sympy.Expr | int, b: sympy.Expr | int) -> K.Value:
+    return K.Binary(op, _idx(a), _idx(b), DType.bool)
+
+
+def _and(conds: list[K.Value]) -> K.Value:
+    out = conds[0]
+    for c in conds[1:]:
+        out = K.Binary(Op.AND, out, c, DType.bool)
+    return out
+
+
+@dataclass
+class _Build:
+    fusion: Fusion
+    root: Node
+    ranges: dict[sympy.Symbol, Dim]
+    reduce_vars: tuple[sympy.Symbol, ...] = ()
+    reduce_sizes: tuple[Dim, ...] = ()
+    library: Node | None = None
+    library_vars: Idx = ()
+    steps: list[K.Reduction] = field(default_factory=list)
+    step_memo: dict[tuple[Node, Idx], int] = field(default_factory=dict)
+    region: set[Node] = field(default_factory=set)
+
+    def load(self, node: Node, idx: Idx) -> K.Value | None:
+        view = self.fusion.strided(node)
+        if view is None:
+            return None
+        buf, offset, strides = view
+        index = offset + sympy.Add(*(i * s for i, s in zip(idx, strides, strict=True)))
+        return K.Load(buf, K.Index(index), node.dtype)
+
+    def value(self, node: Node, idx: Idx) -> K.Value:
+        if node is self.library:
+            return self.acc(node, idx)
+        if node is not self.root:
+            ld = self.load(node, idx)
+            if ld is not None:
+                return ld
+        self.region.add(node)
+        return self.define(node, idx)
+
+    def acc(self, node: Node, idx: Idx) -> K.Value:
+        if len(idx) != len(self.library_vars) or any(
+            sympy.expand(a - b) != 0 for a, b in zip(idx, self.library_vars, strict=True)
+        ):
+            raise Realize(node, "its epilogue reads it at another position (a view between them)")
+        v: K.Value = K.Acc(DType.f32 if node.dtype.is_float else DType.i64)
+        return v if node.dtype is v.dtype else K.Unary(Op.CAST, v, node.dtype)
+
+    def define(self, node: Node, idx: Idx) -> K.Value:
+        op, a, dt = node.op, node.attr, node.dtype
+        ins = node.inputs
+        if op in (Op.INPUT, Op.WEIGHT):
+            raise AssertionError("sources are always realized")
+        if op is Op.FULL:
+            assert isinstance(a, FullAttr)
+            if isinstance(a.value, sympy.Basic):
+                return K.Index(a.value) if dt is DType.i64 else K.Unary(Op.CAST, K.Index(a.value), dt)
+            return _const(a.value, dt)
+        if op is Op.ARANGE:
+            assert isinstance(a, ArangeAttr)
+            if dt.is_int and isinstance(a.start, int) and isinstance(a.step, int):
+                v: K.Value = K.Index(a.start + idx[0] * a.step)
+                return v if dt is DType.i64 else K.Unary(Op.CAST, v, dt)
+            pos = K.Unary(Op.CAST, K.Index(idx[0]), dt)
+            return K.Binary(Op.ADD, K.Binary(Op.MUL, pos, _const(a.step, dt), dt), _const(a.start, dt), dt)
+        if op in Family.UNARY:
+            return K.Unary(op, self.value(ins[0], idx), dt)
+        if op in Family.BINARY:
+            return K.Binary(op, self.value(ins[0], idx), self.value(ins[1], idx), dt)
+        if op is Op.WHERE:
+            return K.Where(*(self.value(x, idx) for x in ins), dt)  # type: ignore[call-arg]
+        if op is Op.PERMUTE:
+            assert isinstance(a, PermuteAttr)
+            src = [sympy.Integer(0)] * len(idx)
+            for d, p in enumerate(a.perm):
+                src[p] = idx[d]
+            return self.value(ins[0], tuple(src))
+        if op is Op.EXPAND:
+            src_shape = ins[0].shape
+            return self.value(
+                ins[0],
+                tuple(sympy.Integer(0) if _is_one(s) and not _is_one(d) else i
+                      for i, s, d in zip(idx, src_shape, node.shape, strict=True)),
+            )  # fmt: skip
+        if op is Op.SLICE:
+            assert isinstance(a, SliceAttr)
+            src = list(idx)
+            src[a.axis] = a.start + idx[a.axis] * a.step
+            return self.value(ins[0], tuple(src))
+        if op is Op.RESHAPE:
+            return self.value(ins[0], reshape_index(idx, ins[0].shape, node.shape, self.ranges))
+        if op is Op.CAT:
+            return self.cat(node, idx)
+        if op is Op.PAD:
+            return self.pad(node, idx)
+        if op is Op.INDEX_SELECT:
+            return self.index_select(node, idx)
+        if op in Family.REDUCE:
+            return self.reduction(node, idx)
+        if op in (Op.MATMUL, Op.CONV2D):
+            raise Realize(node, "a second matmul/conv in one kernel")
+        raise Realize(node, f"{op.name} is computed by its own kernel")
+
+    def cat(self, node: Node, idx: Idx) -> K.Value:
+        assert isinstance(node.attr, AxisAttr)
+        ax = node.attr.axis
+        starts: list[Dim] = [0]
+        for x in node.inputs:
+            starts.append(starts[-1] + x.shape[ax])
+
+        def part(k: int) -> K.Value:
+            src = list(idx)
+            src[ax] = idx[ax] - starts[k]
+            return self.value(node.inputs[k], tuple(src))
+
+        last = len(node.inputs) - 1
+        out: K.Value = K.Masked(_cmp(Op.GE, idx[ax], starts[last]), part(last), 0, node.dtype)
+        for k in range(last - 1, -1, -1):
+            cond = _cmp(Op.LT, idx[ax], starts[k + 1])
+            conds = [cond] if k == 0 else [_cmp(Op.GE, idx[ax], starts[k]), cond]
+            out = K.Where(cond, K.Masked(_and(conds), part(k), 0, node.dtype), out, node.dtype)
+        return out
+
+    def pad(self, node: Node, idx: Idx) -> K.Value:
+        assert isinstance(node.attr, PadAttr)
+        x = node.inputs[0]
+        src, conds = [], []
+        for i, (lo, hi), d in zip(idx, node.attr.pads, x.shape, strict=True):
+            src.append(i - lo)
+            if lo > 0:
+                conds.append(_cmp(Op.GE, i, lo))
+            if hi > 0:
+                conds.append(_cmp(Op.LT, i - lo, d))
+        body = self.value(x, tuple(src))
+        if not conds:
+            return body
+        return K.Masked(_and(conds), body, node.attr.value, node.dtype)
+
+    def index_select(self, node: Node, idx: Idx) -> K.Value:
+        assert isinstance(node.attr, AxisAttr)
+        x, ids = node.inputs
+        ax = node.attr.axis
+        view = self.fusion.strided(x)
+        if view is None:
+            raise Realize(x, "a gather reads it through data-dependent indices")
+        buf, offset, strides = view
+        row = self.value(ids, (idx[ax],))
+        base = offset + sympy.Add(*(i * s for k, (i, s) in enumerate(zip(idx, strides, strict=True)) if k != ax))
+        index = K.Binary(Op.ADD, K.Index(base), K.Binary(Op.MUL, row, K.Index(strides[ax]), DType.i64), DType.i64)
+        return K.Load(buf, index, node.dtype)
+
+    def reduction(self, node: Node, idx: Idx) -> K.Value:
+        assert isinstance(node.attr, ReduceAttr)
+        x = node.inputs[0]
+        axes = node.attr.axes
+        sizes = tuple(x.shape[k] for k in axes)
+        kept = [k for k in range(x.type.rank) if k not in axes]
+        kept_idx = [idx[k] for k in kept] if node.attr.keepdim else list(idx)
+        fits = len(sizes) == len(self.reduce_sizes) and all(
+            dims_equal(a, b) for a, b in zip(sizes, self.reduce_sizes, strict=True)
+        )
+        if not fits or any(e.free_symbols & set(self.reduce_vars) for e in kept_idx):
+            raise Realize(node, "its reduction space differs from the kernel's")
+        key = (node, tuple(kept_idx))
+        if key in self.step_memo:
+            k = self.step_memo[key]
+            return K.ReduceRef(k, self.steps[k].dtype)
+        src: list[sympy.Expr] = [sympy.Integer(0)] * x.type.rank
+        for k, i in zip(kept, kept_idx, strict=True):
+            src[k] = i
+        for k, r in zip(axes, self.reduce_vars, strict=True):
+            src[k] = r
+        body = self.value(x, tuple(src))
+        self.steps.append(K.Reduction(node.op, body, node.dtype))
+        self.step_memo[key] = len(self.steps) - 1
+        return K.ReduceRef(len(self.steps) - 1, node.dtype)
+
+
+# ---- the scheduler -------------------------------------------------------------------------------------
+
+
+class Fusion:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.users = graph.users()
+        self.realized: dict[Node, str] = {}
+        self.log: list[str] = []
+        self._strided: dict[Node, tuple | None] = {}
+        self.buffers: dict[Node, K.Buffer] = {}
+        for k, n in enumerate(graph.inputs):
+            self._realize(n, f"in{k}", "input")
+        for k, n in enumerate(sorted((n for n in graph.nodes if n.op is Op.WEIGHT), key=lambda n: n.id)):
+            self._realize(n, f"w{k}", "weight")
+        for k, n in enumerate(graph.outputs):
+            self._realize(n, f"out{k}", "output")
+        for n in graph.nodes:
+            if n.op in (Op.POOL2D, Op.CUMSUM) and n not in self.realized:
+                self.realize(n, f"{n.op.name} runs as its own kernel")
+
+    # -- buffers
+    def _realize(self, n: Node, name: str, kind: str) -> None:
+        self.realized[n] = name
+        self.buffers[n] = K.Buffer(name, n.dtype, n.shape, kind)
+        self._strided.clear()
+
+    def realize(self, n: Node, reason: str) -> None:
+        assert n not in self.realized, n
+        self._realize(n, f"buf{n.id}", "arena")
+        self.log.append(f"realize {n} ({n.op.name}, {n.source or 'no source'}): {reason}")
+
+    def strided(self, n: Node) -> tuple | None:
+        if n in self._strided:
+            return self._strided[n]
+        out: tuple | None = None
+        if n in self.realized:
+            out = (self.realized[n], sympy.Integer(0), contiguous_strides(n.shape))
+        elif n.op in Family.VIEW:
+            src = self.strided(n.inputs[0])
+            if src is not None:
+                buf, off, st = src
+                a = n.attr
+                if n.op is Op.PERMUTE:
+                    assert isinstance(a, PermuteAttr)
+                    out = (buf, off, tuple(st[p] for p in a.perm))
+                elif n.op is Op.EXPAND:
+                    shp = n.inputs[0].shape
+                    out = (buf, off, tuple(sympy.Integer(0) if _is_one(s) and not _is_one(d) else t
+                                           for s, d, t in zip(shp, n.shape, st, strict=True)))  # fmt: skip
+                elif n.op is Op.SLICE:
+                    assert isinstance(a, SliceAttr)
+                    st2 = list(st)
+                    st2[a.axis] = st[a.axis] * a.step
+                    out = (buf, off + a.start * st[a.axis], tuple(st2))
+                else:
+                    new = view_strides(n.inputs[0].shape, st, n.shape)
+                    out = None if new is None else (buf, off, new)
+        self._strided[n] = out
+        return out
+
+    # -- kernels
+    def roots(self) -> list[Node]:
+        return [n for n in self.graph.nodes if n in self.realized and n.op not in (Op.INPUT, Op.WEIGHT)]
+
+    def build(self, root: Node, name: str) -> tuple[K.Kernel, set[Node]]:
+        n = root
+        if n.op is Op.POOL2D:
+            return self._pool(n, name)
+        if n.op is Op.CUMSUM:
+            return self._scan(n, name)
+        libs, reds = self._region_kinds(n)
+        if libs and reds:
+            raise Realize(libs[0], "a reduction cannot be a matmul/conv epilogue")
+        if libs:
+            lib = libs[0]
+            if len(libs) > 1:
+                raise Realize(libs[1], "one matmul/conv per kernel")
+            if not (len(lib.shape) == len(n.shape) and all(dims_equal(a, b) for a, b in zip(lib.shape, n.shape, strict=True))):
+                raise Realize(lib, "its epilogue has another shape")
+            return self._library(n, lib, name)
+        if reds:
+            return self._reduce(n, reds[0], name)
+        vars_ = K.loop_vars("i", len(n.shape))
+        b = _Build(self, n, dict(zip(vars_, n.shape, strict=True)))
+        store = K.Store(self.realized[n], flat_index(vars_, n.shape), b.value(n, vars_))
+        return K.Pointwise(name, tuple(sympy.sympify(d) for d in n.shape), (store,)), b.region
+
+    def _region_kinds(self, root: Node) -> tuple[list[Node], list[Node]]:
+        libs, reds, seen = [], [], set()
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n is not root and self.strided(n) is not None:
+                continue
+            if n.op in (Op.MATMUL, Op.CONV2D):
+                libs.append(n)
+                continue
+            if n.op in Family.REDUCE:
+                reds.append(n)
+            if n.op is Op.INDEX_SELECT:
+                stack.append(n.inputs[1])
+                continue
+            stack.extend(n.inputs)
+        return sorted(libs, key=lambda x: -x.id), sorted(reds, key=lambda x: x.id)
+
+    def _library(self, root: Node, lib: Node, name: str) -> tuple[K.Kernel, set[Node]]:
+        vars_ = K.loop_vars("i", len(lib.shape))
+        b = _Build(self, root, dict(zip(vars_, lib.shape, strict=True)), library=lib, library_vars=vars_)
+        ops = []
+        for x in lib.inputs:
+            v = self.strided(x)
+            if v is None:
+                raise Realize(x, f"{lib.op.name} reads its operands from memory")
+            ops.append(v)
+        store = K.Store(self.realized[root], flat_index(vars_, root.shape), b.value(root, vars_))
+        b.region.add(lib)
+        if lib.op is Op.MATMUL:
+            nb = len(lib.shape) - 2
+            (ba, oa, sa), (bb, ob, sb) = ops
+            off_a = oa + sympy.Add(*(vars_[d] * sa[d] for d in range(nb)))
+            off_b = ob + sympy.Add(*(vars_[d] * sb[d] for d in range(nb)))
+            x, y = lib.inputs
+            kern: K.Kernel = K.Matmul(
+                name, tuple(sympy.sympify(d) for d in lib.shape[:nb]), sympy.sympify(lib.shape[-2]),
+                sympy.sympify(lib.shape[-1]), sympy.sympify(x.shape[-1]),
+                K.Strided(ba, off_a, (sa[nb], sa[nb + 1]), x.dtype), K.Strided(bb, off_b, (sb[nb], sb[nb + 1]), y.dtype),
+                (store,),
+            )  # fmt: skip
+            return kern, b.region
+        a = lib.attr
+        assert isinstance(a, ConvAttr)
+        (bx, ox, sx), (bw, ow, sw) = ops
+        x, w = lib.inputs
+        kern = K.Conv(
+            name, K.Strided(bx, ox, sx, x.dtype), K.Strided(bw, ow, sw, w.dtype), sympy.sympify(x.shape[0]),
+            int(x.shape[1]), sympy.sympify(x.shape[2]), sympy.sympify(x.shape[3]), int(lib.shape[1]),
+            (int(w.shape[2]), int(w.shape[3])), (sympy.sympify(lib.shape[2]), sympy.sympify(lib.shape[3])),
+            a.stride, a.padding, a.dilation, a.groups, (store,),
+        )  # fmt: skip
+        return kern, b.region
+
+    def _reduce(self, root: Node, red: Node, name: str) -> tuple[K.Kernel, set[Node]]:
+        assert isinstance(red.attr, ReduceAttr)
+        x = red.inputs[0]
+        axes = red.attr.axes
+        sizes = tuple(x.shape[k] for k in axes)
+        rvars = K.loop_vars("r", len(sizes))
+        numel = root.type.numel()
+        k = len(axes)
+        trailing = axes == tuple(range(x.type.rank - k, x.type.rank))
+        if dims_equal(numel, red.type.numel()):  # the root lives in the reduced space: one store per row
+            outer = root.shape
+            vars_ = K.loop_vars("i", len(outer))
+            b = _Build(self, root, dict(zip((*vars_, *rvars), (*outer, *sizes), strict=True)), rvars, sizes)
+            store_idx, val_idx = flat_index(vars_, outer), vars_
+        elif trailing and len(root.shape) >= k and all(
+            dims_equal(a, s) for a, s in zip(root.shape[-k:], sizes, strict=True)
+        ):  # the root has the rows' shape: reductions, then a second pass over each row
+            outer = root.shape[:-k]
+            vars_ = K.loop_vars("i", len(outer))
+            b = _Build(self, root, dict(zip((*vars_, *rvars), (*outer, *sizes), strict=True)), rvars, sizes)
+            val_idx = (*vars_, *rvars)
+            store_idx = flat_index(val_idx, root.shape)
+        else:
+            raise Realize(red, "its result is broadcast into a shape the kernel cannot loop over")
+        value = b.value(root, val_idx)
+        kern = K.Reduce(
+            name, tuple(sympy.sympify(d) for d in outer), tuple(sympy.sympify(d) for d in sizes), tuple(b.steps),
+            (K.Store(self.realized[root], store_idx, value),),
+        )  # fmt: skip
+        return kern, b.region
+
+    def _pool(self, root: Node, name: str) -> tuple[K.Kernel, set[Node]]:
+        a = root.attr
+        assert isinstance(a, PoolAttr)
+        x = root.inputs[0]
+        vars_ = K.loop_vars("i", 4)
+        r = K.loop_vars("r", 2)
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = a.kernel, a.stride, a.padding, a.dilation
+        h0, w0 = vars_[2] * sh - ph, vars_[3] * sw - pw
+        ih, iw = h0 + r[0] * dh, w0 + r[1] * dw
+        H, W = x.shape[2], x.shape[3]
+        ranges = dict(zip((*vars_, *r), (*root.shape, kh, kw), strict=True))
+        b = _Build(self, root, ranges, r, (kh, kw))
+        mask = _and([_cmp(Op.GE, ih, 0), _cmp(Op.LT, ih, H), _cmp(Op.GE, iw, 0), _cmp(Op.LT, iw, W)])
+        dt = root.dtype
+        body = b.value(x, (vars_[0], vars_[1], ih, iw))
+        b.region.add(root)
+        if a.kind == "max":
+            steps = (K.Reduction(Op.RMAX, K.Masked(mask, body, float("-inf"), dt), dt),)
+            value: K.Value = K.ReduceRef(0, dt)
+        else:
+            steps = (K.Reduction(Op.SUM, K.Masked(mask, body, 0.0, dt), dt),)
+            if a.divisor:
+                count: K.Value = _const(a.divisor, dt)
+            elif a.count_include_pad:
+                hh = sympy.Min(h0 + kh, H + ph) - h0
+                ww = sympy.Min(w0 + kw, W + pw) - w0
+                count = K.Unary(Op.CAST, K.Index(hh * ww), dt)
+            else:
+                hh = sympy.Min(h0 + kh, H) - sympy.Max(h0, 0)
+                ww = sympy.Min(w0 + kw, W) - sympy.Max(w0, 0)
+                count = K.Unary(Op.CAST, K.Index(hh * ww), dt)
+            value = K.Binary(Op.DIV, K.ReduceRef(0, dt), count, dt)
+        store = K.Store(self.realized[root], flat_index(vars_, root.shape), value)
+        shape = tuple(sympy.sympify(d) for d in root.shape)
+        return K.Reduce(name, shape, (sympy.Integer(kh), sympy.Integer(kw)), steps, (store,)), b.region
+
+    def _scan(self, root: Node, name: str) -> tuple[K.Kernel, set[Node]]:
+        assert isinstance(root.attr, AxisAttr)
+        ax = root.attr.axis
+        outer = tuple(d for k, d in enumerate(root.shape) if k != ax)
+        vars_ = K.loop_vars("i", len(outer))
+        r0 = K.loop_var("r", 0)
+        full = (*vars_[:ax], r0, *vars_[ax:])
+        b = _Build(self, root, dict(zip(full, root.shape, strict=True)))
+        body = b.value(root.inputs[0], full)
+        b.region.add(root)
+        return K.Scan(
+            name, tuple(sympy.sympify(d) for d in outer), sympy.sympify(root.shape[ax]), body, root.dtype,
+            self.realized[root], flat_index(full, root.shape),
+        ), b.region  # fmt: skip
+
+    def duplicable(self, n: Node, budget: int = 6) -> bool:
+        """Cheap enough to recompute in every kernel that reads it."""
+        if n in self.realized or self.strided(n) is not None or n.op in (Op.FULL, Op.ARANGE):
+            return True
+        if n.op not in Family.ELEMENTWISE and n.op not in Family.VIEW or budget <= 0:
+            return False
+        return all(self.duplicable(i, budget - 1) for i in n.inputs)
+
+    def schedule(self) -> list[tuple[Node, K.Kernel]]:
+        built: dict[Node, tuple[K.Kernel, set[Node]]] = {}
+        for _ in range(100000):
+            try:
+                for root in self.roots():
+                    if root not in built:
+                        built[root] = self.build(root, f"k{root.id}")
+            except Realize as r:
+                self.realize(r.node, r.reason)
+                built = {k: v for k, v in built.items() if r.node not in v[1]}
+                continue
+            owners: dict[Node, list[Node]] = {}
+            for root, (_, region) in built.items():
+                for n in region:
+                    if n is not root:
+                        owners.setdefault(n, []).append(root)
+            shared = [n for n, rs in owners.items() if len(rs) > 1 and not self.duplicable(n)]
+            if not shared:
+                break
+            n = min(shared, key=lambda x: x.id)
+            self.realize(n, f"read by {len(owners[n])} kernels")
+            built = {k: v for k, v in built.items() if n not in v[1]}
+        order = self.roots()
+        return [(root, built[root][0]) for root in order]
+
+
+def _own_outputs(g: Graph) -> Graph:
+    """Give every output its own computed node: an output that is an input, a weight, or another output
+    gets an identity view, which becomes a copy kernel into the output buffer."""
+    seen: set[Node] = set()
+    outputs, nodes = [], list(g.nodes)
+    for o in g.outputs:
+        if o.op in (Op.INPUT, Op.WEIGHT) or o in seen:
+            o = Node(Op.RESHAPE, (o,), o.type, None, o.source)
+            nodes.append(o)
+        seen.add(o)
+        outputs.append(o)
+    return Graph(nodes, g.inputs, outputs, g.weights, g.symbols)
+
+
+def fuse(graph: Graph) -> tuple[K.Program, list[str]]:
+    """The kernels in launch order over named buffers (arena not yet planned), and the fusion log."""
+    graph = _own_outputs(graph)
+    for k, n in enumerate(graph.nodes):
+        n.id = k  # stable kernel and buffer names: same graph, same package bytes
+    f = Fusion(graph)
+    sched = f.schedule()
+    kernels = []
+    for t, (_, kern) in enumerate(sched):
+        kind = type(kern).__name__.lower()
+        kernels.append(replace(kern, name=f"k{t:03d}_{kind}"))
+    by_kind = lambda kind: [b for n, b in f.buffers.items() if b.kind == kind]  # noqa: E731
+    inputs = [f.buffers[n] for n in graph.inputs]
+    outputs = [f.buffers[n] for n in graph.outputs]
+    weights = sorted(by_kind("weight"), key=lambda b: int(b.name[1:]))
+    arena = [f.buffers[root] for root, _ in sched if f.buffers[root].kind == "arena"]
+    del by_kind
+    used = set().union(*(K.reads(k) for k in kernels)) if kernels else set()
+    weights = [w for w in weights if w.name in used]
+    labels = {f.buffers[n].name: n.attr.name for n in graph.nodes if isinstance(n.attr, InputAttr | WeightAttr) and n in f.buffers}
+    labels.update({b.name: f"output{k}" for k, b in enumerate(outputs)})
+    prog = K.Program(graph.symbols, inputs, outputs, weights, arena, kernels, labels=labels)
+    return prog, f.log

@@ -1,0 +1,205 @@
+"""The numpy reference interpreter: the living definition of every IR op.
+
+Slow and plain on purpose. Generated C++ and Triton are checked against it (and against eager torch).
+Sizes are evaluated with ``env`` (symbol name -> int), bound from the inputs' shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import sympy
+
+from .ir import (
+    ArangeAttr,
+    AxisAttr,
+    ConvAttr,
+    Dim,
+    DType,
+    FullAttr,
+    Graph,
+    InputAttr,
+    Node,
+    Op,
+    PadAttr,
+    PermuteAttr,
+    PoolAttr,
+    ReduceAttr,
+    SliceAttr,
+    WeightAttr,
+)
+
+
+def size(d: Dim, env: dict[str, int]) -> int:
+    if isinstance(d, int):
+        return d
+    e = sympy.sympify(d)
+    return int(e.subs({s: env[s.name] for s in e.free_symbols}))
+
+
+def bind(graph: Graph, inputs: Sequence[np.ndarray]) -> dict[str, int]:
+    env: dict[str, int] = {}
+    for node, x in zip(graph.inputs, inputs, strict=True):
+        for d, v in zip(node.shape, x.shape, strict=True):
+            if isinstance(d, sympy.Symbol):
+                env[d.name] = int(v)
+    return env
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x
+
+
+def _floordiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.floor_divide(a, b) if a.dtype.kind in "iu" else np.true_divide(a, b)
+
+
+UNARY: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
+    Op.NEG: np.negative, Op.ABS: np.abs, Op.EXP: np.exp, Op.LOG: np.log, Op.SQRT: np.sqrt,
+    Op.RSQRT: lambda x: 1 / np.sqrt(x), Op.TANH: np.tanh, Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
+    Op.ERF: _erf, Op.SIN: np.sin, Op.COS: np.cos, Op.RELU: lambda x: np.maximum(x, 0).astype(x.dtype),
+    Op.RECIP: lambda x: 1 / x, Op.FLOOR: np.floor, Op.NOT: np.logical_not,
+}  # fmt: skip
+
+BINARY: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: _floordiv, Op.MOD: np.mod,
+    Op.MAX: np.maximum, Op.MIN: np.minimum, Op.POW: np.power, Op.EQ: np.equal, Op.NE: np.not_equal,
+    Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater, Op.GE: np.greater_equal,
+    Op.AND: np.logical_and, Op.OR: np.logical_or,
+}  # fmt: skip
+
+REDUCE = {Op.SUM: np.sum, Op.RMAX: np.max, Op.RMIN: np.min}
+
+
+def _conv(x: np.ndarray, w: np.ndarray, a: ConvAttr) -> np.ndarray:
+    n, c, h, wd = x.shape
+    co, ci, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw), g = a.stride, a.padding, a.dilation, a.groups
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, co, oh, ow), dtype=np.float64)
+    cog = co // g
+    for gi in range(g):
+        xs = xp[:, gi * ci : (gi + 1) * ci].astype(np.float64)
+        ws = w[gi * cog : (gi + 1) * cog].astype(np.float64)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+                out[:, gi * cog : (gi + 1) * cog] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return out.astype(x.dtype)
+
+
+def _pool(x: np.ndarray, a: PoolAttr, out_hw: tuple[int, int]) -> np.ndarray:
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = a.kernel, a.stride, a.padding, a.dilation
+    oh, ow = out_hw
+    fill = -np.inf if a.kind == "max" else 0.0
+    # pad generously so ceil_mode windows that run past the edge read the fill value
+    xp = np.full((n, c, h + 2 * ph + sh * oh + dh * kh, w + 2 * pw + sw * ow + dw * kw), fill, dtype=np.float64)
+    xp[:, :, ph : ph + h, pw : pw + w] = x
+    vals = []
+    counts = np.zeros((oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            vals.append(xp[:, :, i * dh : i * dh + sh * oh : sh, j * dw : j * dw + sw * ow : sw][:, :, :oh, :ow])
+    stack = np.stack(vals)
+    if a.kind == "max":
+        return stack.max(0).astype(x.dtype)
+    for y in range(oh):
+        for z in range(ow):
+            h0, w0 = y * sh - ph, z * sw - pw
+            h1, w1 = min(h0 + kh, h + ph), min(w0 + kw, w + pw)
+            if a.count_include_pad:
+                counts[y, z] = (h1 - h0) * (w1 - w0)
+            else:
+                counts[y, z] = (min(h1, h) - max(h0, 0)) * (min(w1, w) - max(w0, 0))
+    div = a.divisor if a.divisor else counts
+    return (stack.sum(0) / div).astype(x.dtype)
+
+
+def eval_node(n: Node, ins: list[np.ndarray], env: dict[str, int], graph: Graph) -> np.ndarray:
+    dt = n.dtype.numpy()
+    shape = tuple(size(d, env) for d in n.shape)
+    op, a = n.op, n.attr
+    if op is Op.INPUT:
+        raise AssertionError("inputs are bound by run()")
+    if op is Op.WEIGHT:
+        assert isinstance(a, WeightAttr)
+        return graph.weights[a.name]
+    if op is Op.FULL:
+        assert isinstance(a, FullAttr)
+        v = size(a.value, env) if isinstance(a.value, sympy.Expr) else a.value
+        return np.full(shape, v, dtype=dt)
+    if op is Op.ARANGE:
+        assert isinstance(a, ArangeAttr)
+        return (a.start + np.arange(shape[0], dtype=np.float64) * a.step).astype(dt)
+    if op is Op.CAST:
+        x = ins[0]
+        if n.dtype.is_int and x.dtype.kind == "f":
+            x = np.trunc(x)
+        return x.astype(dt)
+    if op in UNARY:
+        with np.errstate(all="ignore"):
+            return np.asarray(UNARY[op](ins[0])).astype(dt)
+    if op in BINARY:
+        with np.errstate(all="ignore"):
+            return np.asarray(BINARY[op](ins[0], ins[1])).astype(dt)
+    if op is Op.WHERE:
+        return np.where(ins[0], ins[1], ins[2]).astype(dt)
+    if op in REDUCE:
+        assert isinstance(a, ReduceAttr)
+        return np.asarray(REDUCE[op](ins[0], axis=a.axes, keepdims=a.keepdim)).astype(dt)
+    if op is Op.CUMSUM:
+        assert isinstance(a, AxisAttr)
+        return np.cumsum(ins[0], axis=a.axis).astype(dt)
+    if op is Op.RESHAPE:
+        return ins[0].reshape(shape)
+    if op is Op.PERMUTE:
+        assert isinstance(a, PermuteAttr)
+        return np.transpose(ins[0], a.perm)
+    if op is Op.EXPAND:
+        return np.broadcast_to(ins[0], shape)
+    if op is Op.SLICE:
+        assert isinstance(a, SliceAttr)
+        start = size(a.start, env)
+        idx = [slice(None)] * len(shape)
+        idx[a.axis] = slice(start, start + a.step * (shape[a.axis] - 1) + 1, a.step)
+        return ins[0][tuple(idx)]
+    if op is Op.CAT:
+        assert isinstance(a, AxisAttr)
+        return np.concatenate(ins, axis=a.axis)
+    if op is Op.PAD:
+        assert isinstance(a, PadAttr)
+        x = ins[0]
+        crop = tuple(slice(max(-lo, 0), x.shape[k] - max(-hi, 0)) for k, (lo, hi) in enumerate(a.pads))
+        x = x[crop]
+        return np.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in a.pads], constant_values=a.value).astype(dt)
+    if op is Op.INDEX_SELECT:
+        assert isinstance(a, AxisAttr)
+        return np.take(ins[0], ins[1], axis=a.axis)
+    if op is Op.MATMUL:
+        return np.matmul(ins[0].astype(np.float64), ins[1].astype(np.float64)).astype(dt)
+    if op is Op.CONV2D:
+        assert isinstance(a, ConvAttr)
+        return _conv(ins[0], ins[1], a)
+    if op is Op.POOL2D:
+        assert isinstance(a, PoolAttr)
+        return _pool(ins[0], a, (shape[2], shape[3]))
+    raise NotImplementedError(f"interp: {op}")
+
+
+def run(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Evaluate ``graph`` on ``inputs`` (in graph.inputs order)."""
+    env = bind(graph, inputs)
+    vals: dict[Node, np.ndarray] = dict(zip(graph.inputs, (np.asarray(x) for x in inputs), strict=True))
+    for n in graph.nodes:
+        if n in vals:
+            continue
+        vals[n] = eval_node(n, [vals[i] for i in n.inputs], env, graph)
+    return [np.ascontiguousarray(vals[o]) for o in graph.outputs]
+
+
+__all__ = ["DType", "bind", "eval_node", "run", "size"]

@@ -1,0 +1,66 @@
+"""Memory planning: arena buffers -> byte offsets in one arena, reusing slots whose lifetimes ended.
+
+Sizes are symbolic, so a slot's size is the Max over the buffers it holds; offsets are prefix sums.
+The runtime (and generated C++) evaluates them per call, so one plan serves the whole dynamic range.
+Note: a kernel never writes a slot that one of its own inputs occupies (no in-place reuse), because
+templates read operands while they write results.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from . import kernel as K
+
+ALIGN = 64
+
+
+def _align(e: sympy.Expr | int) -> sympy.Expr | int:
+    e = sympy.sympify(e)
+    coeff, _ = e.as_coeff_Mul() if not e.is_Add else (sympy.Integer(0), e)
+    if e.is_Integer:
+        return -(-int(e) // ALIGN) * ALIGN
+    if e.is_Mul and coeff.is_Integer and int(coeff) % ALIGN == 0:
+        return e
+    return sympy.ceiling(e / ALIGN) * ALIGN
+
+
+def plan_memory(prog: K.Program) -> K.Program:
+    arena = {b.name: b for b in prog.arena}
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for t, k in enumerate(prog.kernels):
+        for name in K.writes(k):
+            if name in arena:
+                first.setdefault(name, t)
+                last[name] = max(last.get(name, t), t)
+        for name in K.reads(k):
+            if name in arena:
+                last[name] = t
+    slots: list[list] = []  # [size, busy_until]
+    where: dict[str, int] = {}
+    for t, k in enumerate(prog.kernels):
+        for name in sorted(K.writes(k)):
+            if name not in arena or name in where:
+                continue
+            size = _align(arena[name].nbytes())
+            free = [s for s in range(len(slots)) if slots[s][1] < t]
+            exact = [s for s in free if sympy.expand(sympy.sympify(slots[s][0]) - size) == 0]
+            if exact:
+                s = exact[0]
+            elif free:
+                s = free[0]
+                slots[s][0] = sympy.Max(slots[s][0], size)
+            else:
+                slots.append([size, -1])
+                s = len(slots) - 1
+            slots[s][1] = last[name]
+            where[name] = s
+    offsets: list[sympy.Expr | int] = []
+    acc: sympy.Expr | int = 0
+    for size, _ in slots:
+        offsets.append(acc)
+        acc = sympy.sympify(acc + size)
+    prog.arena_offsets = {name: offsets[s] for name, s in sorted(where.items())}
+    prog.arena_size = acc
+    return prog
