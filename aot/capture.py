@@ -119,7 +119,11 @@ def _forward_names(model: torch.nn.Module, n: int) -> list[str]:
 
 
 def capture(
-    path: Path, entry: str | None = None, inputs_entry: str | None = None, dynamic: tuple[str, ...] = ()
+    path: Path,
+    entry: str | None = None,
+    inputs_entry: str | None = None,
+    dynamic: tuple[str, ...] = (),
+    precision: str = "fp32",
 ) -> Captured:
     path = Path(path)
     module = _load_module(path)
@@ -136,26 +140,47 @@ def capture(
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):
             raise UsageError(f"{path}: example input {i} is a {type(x).__name__}; aotc takes tensors only")
+    return capture_module(
+        model, inputs, getattr(module, "dynamic_shapes", None), dynamic=dynamic, precision=precision,
+        name=path.stem, source_sha256=hashlib.sha256(path.read_bytes()).hexdigest(), path=path,
+    )  # fmt: skip
+
+
+def capture_module(
+    model: torch.nn.Module,
+    inputs: tuple[Any, ...],
+    dynamic_shapes: Any = None,
+    *,
+    dynamic: tuple[str, ...] = (),
+    precision: str = "fp32",
+    name: str = "model",
+    source_sha256: str = "",
+    path: Path | None = None,
+) -> Captured:
+    """Export an in-memory module (the part of ``capture`` after loading model.py)."""
     model.eval()
+    if precision == "bf16":  # the whole model in bf16; integer inputs (token ids) stay as they are
+        model = model.to(torch.bfloat16)
+        inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
     names = _forward_names(model, len(inputs))
-    dynamic_shapes = getattr(module, "dynamic_shapes", None)
     if dynamic:
         dynamic_shapes = parse_dynamic(dynamic, inputs, names)
+    where = path or Path(f"{name}.py")
     try:
         with torch.no_grad():
             ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
             ep = ep.run_decompositions()
     except Exception as e:
-        raise CaptureError(_explain(e, path)) from None
+        raise CaptureError(_explain(e, where)) from None
     return Captured(
         program=ep,
         model=model,
         example_inputs=inputs,
         input_names=[s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"],
         dim_labels=_dim_labels(dynamic_shapes, names),
-        name=path.stem,
-        source_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-        path=path,
+        name=name,
+        source_sha256=source_sha256,
+        path=where,
     )
 
 

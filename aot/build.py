@@ -1,0 +1,159 @@
+"""The builder's driver: model.py -> package, every stage in order, nothing hidden.
+
+    capture -> lower -> passes (verified) -> fuse -> plan memory -> per target: codegen + compile
+    -> package (weights, libraries/cubins, self-test, manifest)
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from aotc import __version__
+from aotc.cpu_features import LEVEL_FEATURES
+from aotc.errors import UnsupportedOp
+from aotc.schema import CpuTarget, CudaTargetRaw, Manifest, ModelInfo, Symbol, TensorSpec
+
+from . import kernel as K
+from .capture import Captured, capture
+from .fusion import fuse
+from .ir import DType, Graph
+from .lower import lower_program
+from .memory import plan_memory
+from .options import BuildOptions, Target
+from .package import selftest_member, weights_member, write_package
+from .passes import run_pipeline
+from .symbolic import to_size
+from .verify import verify
+
+log = logging.getLogger("aotc.build")
+
+TOLERANCE = {DType.f32: (1e-4, 1e-5), DType.f64: (1e-6, 1e-8), DType.bf16: (2e-2, 2e-2), DType.f16: (1e-2, 1e-2)}
+
+
+@dataclass
+class BuildReport:
+    path: Path
+    kernels: int
+    weights_bytes: int
+    targets: list[str]
+    fusion_log: list[str] = field(default_factory=list)
+
+
+def compile_graph(cap: Captured) -> tuple[Graph, K.Program, list[str]]:
+    """Everything up to the target-independent kernel program."""
+    graph = lower_program(cap)
+    verify(graph, "lower")
+    graph = run_pipeline(graph, verify)
+    prog, fusion_log = fuse(graph)
+    return graph, plan_memory(prog), fusion_log
+
+
+def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
+    return TensorSpec(name, dtype.value, tuple(to_size(d) for d in shape))
+
+
+def _cpu_target(prog: K.Program, target: Target, options: BuildOptions, cache_dir: Path | None) -> tuple[CpuTarget, dict[str, bytes]]:
+    from .codegen import cpp
+    from .compile import compile_cpp
+
+    source = cpp.generate(prog, options)
+    lib = compile_cpp(source, target, options, cache_dir)
+    member = f"cpu/{target.arch}/model.so"
+    spec = CpuTarget(
+        level=target.arch, features=tuple(LEVEL_FEATURES[target.arch]), library=member, abi_version=1,
+        arena_bytes=to_size(prog.arena_size), compiler=lib.compiler_version, flags=tuple(lib.flags),
+        kernels=tuple(k.name for k in prog.kernels),
+    )  # fmt: skip
+    return spec, {member: lib.so_bytes}
+
+
+def _cuda_target(prog: K.Program, target: Target, options: BuildOptions, cache_dir: Path | None) -> tuple[CudaTargetRaw, dict[str, bytes]]:
+    from .cubin import build_cuda_target
+
+    raw, members = build_cuda_target(prog, target, options, cache_dir)
+    return CudaTargetRaw("cuda", target.arch, raw), members
+
+
+def _versions(options: BuildOptions) -> dict[str, str]:
+    import subprocess
+
+    out = {"aotc": __version__, "torch": torch.__version__.split("+")[0], "python": platform.python_version()}
+    if any(t.kind == "cuda" for t in options.targets):
+        import triton
+
+        out["triton"] = triton.__version__
+    if any(t.kind == "cpu" for t in options.targets):
+        first = subprocess.run(["g++", "--version"], capture_output=True, text=True, check=False).stdout.splitlines()
+        out["gcc"] = first[0] if first else "unknown"
+    return out
+
+
+def _selftest(cap: Captured, prog: K.Program) -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, np.ndarray]]]:
+    with torch.no_grad():
+        eager = cap.model(*cap.example_inputs)
+    leaves = [x for x in pytree.tree_leaves(eager) if isinstance(x, torch.Tensor)]
+    if len(leaves) != len(prog.outputs):
+        raise UnsupportedOp(f"the model returns {len(leaves)} tensors but export produced {len(prog.outputs)} outputs")
+    ins = [(prog.labels[b.name], _numpy(x)) for b, x in zip(prog.inputs, cap.example_inputs, strict=True)]
+    outs = [(prog.labels[b.name], _numpy(x)) for b, x in zip(prog.outputs, leaves, strict=True)]
+    return ins, outs
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().contiguous().cpu()
+    if t.dtype is torch.bfloat16:
+        return t.float().numpy().astype(DType.bf16.numpy())
+    return t.numpy().copy()
+
+
+def build(
+    model_path: Path,
+    out_path: Path,
+    options: BuildOptions,
+    entry: str | None = None,
+    inputs_entry: str | None = None,
+    cache_dir: Path | None = None,
+) -> BuildReport:
+    cap = capture(Path(model_path), entry, inputs_entry, options.dynamic, options.precision)
+    return build_captured(cap, out_path, options, cache_dir)
+
+
+def build_captured(cap: Captured, out_path: Path, options: BuildOptions, cache_dir: Path | None = None) -> BuildReport:
+    graph, prog, fusion_log = compile_graph(cap)
+    for line in fusion_log:
+        log.info("fusion: %s", line)
+
+    weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in prog.weights])
+    members: dict[str, bytes] = {weights.member: blob}
+    targets: list[CpuTarget | CudaTargetRaw] = []
+    for t in options.targets:
+        spec, mem = (_cpu_target if t.kind == "cpu" else _cuda_target)(prog, t, options, cache_dir)
+        targets.append(spec)
+        members.update(mem)
+
+    selftest = None
+    if options.selftest:
+        ins, outs = _selftest(cap, prog)
+        rtol, atol = TOLERANCE.get(prog.outputs[0].dtype, (1e-4, 1e-5)) if prog.outputs else (1e-4, 1e-5)
+        selftest, st_blob = selftest_member(ins, outs, rtol, atol)
+        members[selftest.member] = st_blob
+
+    manifest = Manifest(
+        model=ModelInfo(cap.name, cap.source_sha256),
+        build=_versions(options),
+        symbols=tuple(Symbol(s.name, s.label, s.min, s.max) for s in prog.symbols),
+        inputs=tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.inputs),
+        outputs=tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.outputs),
+        weights=weights,
+        targets=tuple(targets),
+        selftest=selftest,
+    )
+    write_package(out_path, manifest, members)
+    return BuildReport(Path(out_path), len(prog.kernels), len(blob), [str(t) for t in options.targets], fusion_log)

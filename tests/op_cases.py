@@ -1,0 +1,115 @@
+"""The op table: one small module per op family, with inputs made from a batch size.
+
+Shared by the CPU tests (tests/test_ops.py) and the GPU tests. Inputs are random, never zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class OpCase:
+    name: str
+    make: Callable[[], nn.Module]
+    inputs: Callable[[int], tuple[torch.Tensor, ...]]
+    dynamic: bool = True  # dim 0 of every input is one dynamic "batch" dim
+
+
+class Fn(nn.Module):
+    def __init__(self, fn: Callable[..., torch.Tensor], **params: torch.Tensor) -> None:
+        super().__init__()
+        self.fn = fn
+        for k, v in params.items():
+            self.register_buffer(k, v)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                d: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        return self.fn(self, *(x for x in (a, b, c, d) if x is not None))
+
+
+def r(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+def _bn(c: int) -> nn.BatchNorm2d:
+    bn = nn.BatchNorm2d(c)
+    bn.running_mean.uniform_(-0.5, 0.5)
+    bn.running_var.uniform_(0.5, 1.5)
+    bn.weight.data.uniform_(0.5, 1.5)
+    bn.bias.data.uniform_(-0.2, 0.2)
+    return bn
+
+
+def _mask(b: int) -> torch.Tensor:
+    return torch.rand(b, 1, 8, 8) > 0.3
+
+
+CASES = [
+    OpCase("linear_relu", lambda: nn.Sequential(nn.Linear(24, 40), nn.ReLU()), lambda b: (r(b, 24),)),
+    OpCase("linear_3d_gelu", lambda: nn.Sequential(nn.Linear(24, 40), nn.GELU()), lambda b: (r(b, 7, 24),)),
+    OpCase("gelu_tanh_silu", lambda: Fn(lambda m, x: F.gelu(x, approximate="tanh") + F.silu(x)), lambda b: (r(b, 33),)),
+    OpCase("unary_math", lambda: Fn(lambda m, x: torch.exp(-x.abs()) + torch.log(x.abs() + 1) + torch.sqrt(x.abs())
+                                    + torch.rsqrt(x.abs() + 0.5) + torch.tanh(x) + torch.sigmoid(x) + torch.erf(x)
+                                    + torch.sin(x) * torch.cos(x)), lambda b: (r(b, 5, 17),)),  # fmt: skip
+    OpCase("hardswish_hardsigmoid_clamp", lambda: Fn(lambda m, x: F.hardswish(x) + F.hardsigmoid(x) + x.clamp(-0.5, 0.7)),
+           lambda b: (r(b, 3, 9) * 4,)),  # fmt: skip
+    OpCase("binary_broadcast", lambda: Fn(lambda m, x, y: (x * y - x / (y.abs() + 1)) ** 2 + torch.maximum(x, y), ),
+           lambda b: (r(b, 4, 6), r(b, 1, 6))),  # fmt: skip
+    OpCase("pow_reciprocal", lambda: Fn(lambda m, x: x.abs().pow(1.5) + 1 / (x.abs() + 1)), lambda b: (r(b, 12),)),
+    OpCase("compare_where", lambda: Fn(lambda m, x, y: torch.where((x > y) & (x != 0.5) | (y <= -1), x, y * 2)),
+           lambda b: (r(b, 6, 5), r(b, 6, 5))),  # fmt: skip
+    OpCase("masked_fill", lambda: Fn(lambda m, x, mask: x.masked_fill(mask, -1e4).softmax(-1)),
+           lambda b: (r(b, 2, 8, 8), _mask(b))),  # fmt: skip
+    OpCase("softmax_logsoftmax", lambda: Fn(lambda m, x: x.softmax(-1) + x.log_softmax(1)), lambda b: (r(b, 6, 19),)),
+    OpCase("layer_norm", lambda: nn.LayerNorm(48), lambda b: (r(b, 5, 48),)),
+    OpCase("rms_norm", lambda: Fn(lambda m, x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * m.w,
+                                  w=torch.rand(32) + 0.5), lambda b: (r(b, 4, 32),)),  # fmt: skip
+    OpCase("reductions", lambda: Fn(lambda m, x: torch.cat([x.sum(1), x.mean(1), x.amax(1), x.amin(1)], -1)),
+           lambda b: (r(b, 9, 11),)),  # fmt: skip
+    OpCase("reduce_middle_axis", lambda: Fn(lambda m, x: x.sum(dim=(1, 3), keepdim=True) * x), lambda b: (r(b, 3, 4, 5),)),
+    OpCase("mm_bmm", lambda: Fn(lambda m, x, y: torch.bmm(x, y) + x @ m.w, w=r(12, 10)), lambda b: (r(b, 6, 12), r(b, 12, 10))),
+    OpCase("matmul_transposed", lambda: Fn(lambda m, x: x.transpose(-1, -2) @ x), lambda b: (r(b, 9, 7),)),
+    OpCase("conv_bn_relu", lambda: nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1), _bn(8), nn.ReLU()), lambda b: (r(b, 3, 10, 10),)),
+    OpCase("conv_stride_dilation", lambda: nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2), lambda b: (r(b, 4, 13, 11),)),
+    OpCase("conv_grouped", lambda: nn.Conv2d(8, 12, 3, padding=1, groups=4), lambda b: (r(b, 8, 9, 9),)),
+    OpCase("conv_depthwise", lambda: nn.Conv2d(6, 6, 5, padding=2, groups=6), lambda b: (r(b, 6, 8, 8),)),
+    OpCase("conv1x1_residual", lambda: Fn(lambda m, x: F.relu(F.conv2d(x, m.w) + x), w=r(5, 5, 1, 1)), lambda b: (r(b, 5, 6, 6),)),
+    OpCase("conv1d", lambda: nn.Conv1d(4, 6, 3, padding=1), lambda b: (r(b, 4, 16),)),
+    OpCase("maxpool", lambda: nn.MaxPool2d(3, 2, 1), lambda b: (r(b, 3, 11, 11),)),
+    OpCase("avgpool", lambda: nn.AvgPool2d(3, 2, 1), lambda b: (r(b, 3, 11, 11),)),
+    OpCase("avgpool_ceil_nopad", lambda: nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False), lambda b: (r(b, 2, 7, 7),)),
+    OpCase("adaptive_avgpool", lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), lambda b: (r(b, 4, 6, 6),)),
+    OpCase("adaptive_avgpool_2x2", lambda: nn.AdaptiveAvgPool2d(2), lambda b: (r(b, 4, 6, 6),)),
+    OpCase("embedding", lambda: nn.Embedding(50, 16), lambda b: (torch.randint(0, 50, (b, 7)),)),
+    OpCase("index_select", lambda: Fn(lambda m, x: torch.index_select(x, 1, m.idx), idx=torch.tensor([3, 0, 2, 2])),
+           lambda b: (r(b, 5, 3),)),  # fmt: skip
+    OpCase("view_permute_expand", lambda: Fn(lambda m, x: x.view(x.shape[0], 3, 4).permute(2, 0, 1).expand(2, 4, -1, 3).contiguous()),
+           lambda b: (r(b, 12),)),  # fmt: skip
+    OpCase("slice_cat_split", lambda: Fn(lambda m, x: torch.cat([x[:, 1:4], x[:, ::2], *x.split(2, dim=1)], 1)),
+           lambda b: (r(b, 6, 3),)),  # fmt: skip
+    OpCase("pad", lambda: Fn(lambda m, x: F.pad(x, (1, 2, 0, 1), value=0.5)), lambda b: (r(b, 3, 4),)),
+    OpCase("cumsum_arange", lambda: Fn(lambda m, x: x.cumsum(1) + torch.arange(x.shape[1], dtype=torch.float32)),
+           lambda b: (r(b, 10),)),  # fmt: skip
+    OpCase("int_ops", lambda: Fn(lambda m, x: ((x // 3) + (x % 5) * 2 - x.cumsum(-1)).float() * 0.5),
+           lambda b: (torch.randint(-20, 20, (b, 9)),)),  # fmt: skip
+    OpCase("sdpa", lambda: Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
+           lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16))),  # fmt: skip
+    OpCase("sdpa_causal", lambda: Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+           lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16))),  # fmt: skip
+    OpCase("sdpa_mask", lambda: Fn(lambda m, q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)),
+           lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), _mask(b))),  # fmt: skip
+    OpCase("static_shapes", lambda: nn.Sequential(nn.Linear(8, 8), nn.Tanh()), lambda b: (r(3, 8),), dynamic=False),
+]
+
+
+def dynamic_shapes(case: OpCase, inputs: tuple[torch.Tensor, ...]) -> tuple | None:
+    if not case.dynamic:
+        return None
+    batch = torch.export.Dim("batch", min=1, max=16)
+    return tuple({0: batch} for _ in inputs)
