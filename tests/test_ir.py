@@ -1,0 +1,121 @@
+"""Golden tests of the printed IR and fusion decisions, plus verifier and error-path checks.
+
+Set UPDATE_GOLDEN=1 to rewrite the golden files after an intended change, then review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+from torch import nn
+
+from aotc.errors import CaptureError, UnsupportedOp, UsageError
+from aotc_build.build import compile_graph
+from aotc_build.capture import capture, capture_module
+from aotc_build.fusion import reshape_index, view_strides
+from aotc_build.ir import DType, Graph, Node, Op, TensorType
+from aotc_build.lower import lower_program
+from aotc_build.passes import run_pipeline
+from aotc_build.printer import print_graph
+from aotc_build.verify import VerifyError, verify
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") or not path.exists():
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if intended"
+
+
+@pytest.mark.parametrize("example", ["mlp", "cnn"])
+def test_printed_ir_golden(example: str) -> None:
+    cap = capture(ROOT / "examples" / f"{example}.py")
+    g = lower_program(cap)
+    verify(g, "lower")
+    _golden(f"{example}.lowered.ir", print_graph(g))
+    g = run_pipeline(g, verify)
+    _golden(f"{example}.passes.ir", print_graph(g))
+
+
+def test_fusion_decisions_golden() -> None:
+    cap = capture(ROOT / "examples" / "transformer.py")
+    _, prog, log = compile_graph(cap)
+    lines = [f"{k.name} {type(k).__name__}" for k in prog.kernels] + ["--"] + [line.split(" (")[0] + ": " + line.rsplit("): ", 1)[-1] for line in log]
+    _golden("transformer.kernels.txt", "\n".join(lines) + "\n")
+    # a pre-norm block: layer-norm, attention softmax and the residual adds fuse; no kernel per op
+    assert len(prog.kernels) <= 32
+
+
+def test_mlp_fuses_bias_and_activation_into_matmuls() -> None:
+    cap = capture(ROOT / "examples" / "mlp.py")
+    _, prog, _ = compile_graph(cap)
+    assert [type(k).__name__ for k in prog.kernels] == ["Matmul", "Matmul", "Matmul"]
+
+
+def test_batchnorm_folds_into_conv() -> None:
+    cap = capture(ROOT / "examples" / "cnn.py")
+    _, prog, _ = compile_graph(cap)
+    kinds = [type(k).__name__ for k in prog.kernels]
+    assert kinds.count("Conv") == 9 and len(kinds) == 12, kinds  # conv+bn+relu(+residual) are one kernel each
+
+
+def test_view_strides_follow_torch() -> None:
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert view_strides((s, 64, 128), (8192, 128, 1), (s * 64, 128)) == (128, 1)
+    assert view_strides((4, 8), (1, 4), (32,)) is None  # a transposed tensor cannot be flattened in place
+    assert view_strides((2, 12), (12, 1), (2, 3, 4)) == (12, 4, 1)
+
+
+def test_reshape_index_stays_affine_for_splits() -> None:
+    i0, i1, i2 = sympy.symbols("i0 i1 i2", integer=True, nonnegative=True)
+    assert reshape_index((i0, i1, i2), (6, 20), (6, 4, 5), {i0: 6, i1: 4, i2: 5}) == (i0, 5 * i1 + i2)
+
+
+def test_verifier_rejects_implicit_broadcast() -> None:
+    a = Node(Op.INPUT, (), TensorType(DType.f32, (2, 3)))
+    b = Node(Op.INPUT, (), TensorType(DType.f32, (1, 3)))
+    add = Node(Op.ADD, (a, b), TensorType(DType.f32, (2, 3)))
+    with pytest.raises(VerifyError, match="broadcasts are explicit"):
+        verify(Graph([a, b, add], [a, b], [add], {}))
+
+
+def test_unsupported_ops_are_listed_together() -> None:
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.fft.fft(x).real + torch.linalg.norm(x)
+
+    cap = capture_module(M(), (torch.randn(4, 8),))
+    with pytest.raises(UnsupportedOp) as e:
+        lower_program(cap)
+    msg = str(e.value)
+    assert "fft" in msg and "test_ir.py" in msg and "fix:" in msg
+
+
+def test_data_dependent_control_flow_is_a_capture_error(tmp_path: Path) -> None:
+    src = tmp_path / "branchy.py"
+    src.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        if x.sum() > 0:\n"
+        "            return x * 2\n"
+        "        return x\n"
+        "model = M()\nexample_inputs = (torch.randn(3),)\n"
+    )
+    with pytest.raises(CaptureError) as e:
+        capture(src)
+    assert "branchy.py" in str(e.value) and "data-dependent" in str(e.value)
+
+
+def test_missing_entry_is_a_usage_error(tmp_path: Path) -> None:
+    src = tmp_path / "empty.py"
+    src.write_text("x = 1\n")
+    with pytest.raises(UsageError, match="get_model"):
+        capture(src)
