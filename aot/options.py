@@ -1,0 +1,70 @@
+"""Build options: one frozen dataclass passed down every stage and hashed into cache keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from aotc.errors import UsageError
+
+CPU_LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
+CUDA_ARCHS = (75, 80, 86, 89, 90, 100, 120)
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # "cpu" | "cuda"
+    arch: str  # cpu: an x86-64 micro-architecture level; cuda: "sm_90"
+
+    @property
+    def sm(self) -> int:
+        assert self.kind == "cuda"
+        return int(self.arch.removeprefix("sm_"))
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.arch}"
+
+
+def parse_target(text: str) -> Target:
+    """``cpu``, ``cpu:x86-64-v3``, ``cuda:sm_90`` (also ``sm_90``)."""
+    t = text.strip().lower()
+    if t.startswith("sm_"):
+        t = "cuda:" + t
+    kind, _, arch = t.partition(":")
+    if kind == "cpu":
+        arch = arch or "native"
+        if arch == "native":
+            arch = native_cpu_level()
+        if arch not in CPU_LEVELS:
+            raise UsageError(f"unknown CPU target {text!r}: use cpu, cpu:native or one of {', '.join(CPU_LEVELS)}")
+        return Target("cpu", arch)
+    if kind == "cuda":
+        if not arch.startswith("sm_") or not arch[3:].isdigit() or int(arch[3:]) not in CUDA_ARCHS:
+            raise UsageError(
+                f"unknown CUDA target {text!r}: use cuda:sm_NN with NN one of {', '.join(map(str, CUDA_ARCHS))}"
+            )
+        return Target("cuda", arch)
+    raise UsageError(f"unknown target {text!r}: use cpu[:level] or cuda:sm_NN (e.g. cuda:sm_90)")
+
+
+def native_cpu_level() -> str:
+    """The highest x86-64 level this machine runs (read from /proc/cpuinfo)."""
+    from aotc.cpu_features import cpu_level
+
+    return cpu_level()
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    targets: tuple[Target, ...] = (Target("cpu", "x86-64-v3"),)
+    precision: str = "fp32"  # "fp32" | "bf16" (GPU kernels compute in bf16 with fp32 accumulation)
+    dynamic: tuple[str, ...] = ()  # "input:axis:name[:min:max]" overrides from the command line
+    selftest: bool = True
+    opt_level: str = "-O3"
+    extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def key(self) -> str:
+        """A stable hash of everything that changes generated code."""
+        blob = json.dumps(asdict(self), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
