@@ -310,7 +310,7 @@ class _Build:
             return self.cat(node, idx)
         if op is Op.PAD:
             return self.pad(node, idx)
-        if op is Op.INDEX_SELECT:
+        if op in (Op.INDEX_SELECT, Op.GATHER):
             return self.index_select(node, idx)
         if op in Family.REDUCE:
             return self.reduction(node, idx)
@@ -361,7 +361,7 @@ class _Build:
         if view is None:
             raise Realize(x, "a gather reads it through data-dependent indices")
         buf, offset, strides = view
-        row = self.value(ids, (idx[ax],))
+        row = self.value(ids, (idx[ax],) if node.op is Op.INDEX_SELECT else idx)
         base = offset + sympy.Add(*(i * s for k, (i, s) in enumerate(zip(idx, strides, strict=True)) if k != ax))
         index = K.Binary(Op.ADD, K.Index(base), K.Binary(Op.MUL, row, K.Index(strides[ax]), DType.i64), DType.i64)
         return K.Load(buf, index, node.dtype)
@@ -496,7 +496,7 @@ class Fusion:
                 continue
             if n.op in Family.REDUCE:
                 reds.append(n)
-            if n.op is Op.INDEX_SELECT:
+            if n.op in (Op.INDEX_SELECT, Op.GATHER):
                 stack.append(n.inputs[1])
                 continue
             stack.extend(n.inputs)

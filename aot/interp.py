@@ -180,6 +180,9 @@ def eval_node(n: Node, ins: list[np.ndarray], env: dict[str, int], graph: Graph)
     if op is Op.INDEX_SELECT:
         assert isinstance(a, AxisAttr)
         return np.take(ins[0], ins[1], axis=a.axis)
+    if op is Op.GATHER:
+        assert isinstance(a, AxisAttr)
+        return np.take_along_axis(ins[0], ins[1], axis=a.axis)
     if op is Op.MATMUL:
         return np.matmul(ins[0].astype(np.float64), ins[1].astype(np.float64)).astype(dt)
     if op is Op.CONV2D:

@@ -116,6 +116,7 @@ class Op(enum.Enum):
     CAT = enum.auto()
     PAD = enum.auto()
     INDEX_SELECT = enum.auto()
+    GATHER = enum.auto()  # torch.gather: index has the output's shape
     # library ops: templates with fused epilogues
     MATMUL = enum.auto()  # [..., M, K] @ [..., K, N], batch dims already equal
     CONV2D = enum.auto()
@@ -142,7 +143,7 @@ class Family:
     ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
     REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN})
     VIEW = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE})
-    MOVEMENT = VIEW | {Op.CAT, Op.PAD, Op.INDEX_SELECT}
+    MOVEMENT = VIEW | {Op.CAT, Op.PAD, Op.INDEX_SELECT, Op.GATHER}
     LIBRARY = frozenset({Op.MATMUL, Op.CONV2D, Op.POOL2D, Op.CUMSUM})
 
 

@@ -451,6 +451,13 @@ def _index_select(c: Ctx, _: Any) -> Node:
     return c.b.add(Op.INDEX_SELECT, (x, idx), x.dtype, c.out_shape, AxisAttr(axis))
 
 
+@lower(aten.gather.default)
+def _gather(c: Ctx, _: Any) -> Node:
+    x, axis, idx = c.arg(0), c.arg(1), c.arg(2)
+    axis = norm_axis(axis, x.type.rank)
+    return c.b.add(Op.GATHER, (x, c.b.cast(idx, DType.i64)), x.dtype, c.out_shape, AxisAttr(axis))
+
+
 @lower(aten.index.Tensor)
 def _index(c: Ctx, _: Any) -> Node:
     x, indices = c.arg(0), c.arg(1)

@@ -98,6 +98,9 @@ def _check(n: Node, where: str) -> None:
         x, w = ins
         if x.type.rank != 4 or w.type.rank != 4 or x.shape[1] != w.shape[1] * a.groups:
             _fail(n, f"conv2d input {x.shape} weight {w.shape} groups {a.groups}", where)
+    elif op is Op.GATHER:
+        if ins[1].dtype is not DType.i64 or not shapes_equal(ins[1].shape, n.shape):
+            _fail(n, "gather takes an int64 index of the output's shape", where)
     elif op is Op.INDEX_SELECT:
         if ins[1].dtype is not DType.i64 or ins[1].type.rank != 1:
             _fail(n, "index_select takes a 1-d int64 index", where)

@@ -89,6 +89,7 @@ CASES = [
     OpCase("embedding", lambda: nn.Embedding(50, 16), lambda b: (torch.randint(0, 50, (b, 7)),)),
     OpCase("index_select", lambda: Fn(lambda m, x: torch.index_select(x, 1, m.idx), idx=torch.tensor([3, 0, 2, 2])),
            lambda b: (r(b, 5, 3),)),  # fmt: skip
+    OpCase("gather", lambda: Fn(lambda m, x, i: torch.gather(x, 1, i)), lambda b: (r(b, 5, 3), torch.randint(0, 5, (b, 4, 3)))),
     OpCase("view_permute_expand", lambda: Fn(lambda m, x: x.view(x.shape[0], 3, 4).permute(2, 0, 1).expand(2, 4, -1, 3).contiguous()),
            lambda b: (r(b, 12),)),  # fmt: skip
     OpCase("slice_cat_split", lambda: Fn(lambda m, x: torch.cat([x[:, 1:4], x[:, ::2], *x.split(2, dim=1)], 1)),
