@@ -169,7 +169,7 @@ def capture_module(
     try:
         with torch.no_grad():
             ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
-            ep = ep.run_decompositions()
+            ep = ep.run_decompositions(_decompositions())
     except Exception as e:
         raise CaptureError(_explain(e, where)) from None
     return Captured(
@@ -182,6 +182,15 @@ def capture_module(
         source_sha256=source_sha256,
         path=where,
     )
+
+
+def _decompositions() -> Any:
+    """Core ATen, except ops aotc lowers whole: attention stays one op so fusion sees its structure
+    (and torch's own SDPA decomposition fails on some transformers models with dynamic shapes)."""
+    table = torch.export.default_decompositions()
+    for op in (torch.ops.aten.scaled_dot_product_attention.default,):
+        table.pop(op, None)
+    return table
 
 
 _CAUSES = (

@@ -634,6 +634,46 @@ def _addmm(c: Ctx, _: Any) -> Node:
     return out
 
 
+@lower(aten.scaled_dot_product_attention.default)
+def _sdpa(c: Ctx, _: Any) -> Node:
+    q, k, v = c.arg(0), c.arg(1), c.arg(2)
+    mask = c.kw("attn_mask", 3)
+    causal = bool(c.kw("is_causal", 5, False))
+    scale = c.kw("scale", 6)
+    gqa = bool(c.kw("enable_gqa", 7, False))
+    b, dt = c.b, c.out_dtype
+    if gqa and not dims_equal(q.shape[-3], k.shape[-3]):
+        rep = int(q.shape[-3]) // int(k.shape[-3])
+        k, v = (_repeat_heads(b, t, rep) for t in (k, v))
+    e = q.shape[-1]
+    scale = scale if scale is not None else 1.0 / math.sqrt(int(e)) if isinstance(e, int) else None
+    if scale is None:
+        raise UnsupportedOp("scaled_dot_product_attention with a dynamic head dimension")
+    kt = b.permute(k, (*range(k.type.rank - 2), k.type.rank - 1, k.type.rank - 2))
+    scores = b.ew(Op.MUL, matmul(b, q, kt, dt), float(scale))
+    L, S = scores.shape[-2], scores.shape[-1]
+    if causal:
+        rows = b.reshape(b.add(Op.ARANGE, (), DType.i64, (L,), ArangeAttr(0, 1)), (L, 1))
+        cols = b.reshape(b.add(Op.ARANGE, (), DType.i64, (S,), ArangeAttr(0, 1)), (1, S))
+        scores = b.where(b.ew(Op.GE, rows, cols), scores, float("-inf"), dt)
+    if mask is not None:
+        if mask.dtype is DType.bool:
+            scores = b.where(mask, scores, float("-inf"), dt)
+        else:
+            scores = b.ew(Op.ADD, scores, mask, dtype=dt)
+    probs = softmax(b, scores, scores.type.rank - 1)
+    # rows that are masked everywhere give zeros, as torch's SDPA does (not NaN)
+    probs = b.where(b.ew(Op.NE, probs, probs), 0.0, probs, dt)
+    return matmul(b, probs, v, dt)
+
+
+def _repeat_heads(b: Builder, t: Node, rep: int) -> Node:
+    *batch, h, s, d = t.shape
+    x = b.reshape(t, (*batch, h, 1, s, d))
+    x = b.broadcast_to(x, (*batch, h, rep, s, d))
+    return b.reshape(x, (*batch, h * rep, s, d))
+
+
 def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
     if isinstance(v, int):
         return (v,) * n
