@@ -1,0 +1,66 @@
+"""Zoo models from `transformers`, built from small configs with random weights (no downloads)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+warnings.filterwarnings("ignore", message=".*token_id.*")
+
+
+class FirstOutput(nn.Module):
+    """transformers models return ModelOutput objects; aotc packages return tensors."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x, return_dict=False)[0]
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    make: Callable[[], nn.Module]
+    text: bool  # token ids (batch, seq) vs images (batch, 3, H, W)
+
+
+def _t():  # imported lazily so collection stays fast where transformers is missing
+    import transformers
+
+    return transformers
+
+
+ZOO = [
+    ZooModel("bert", lambda: _t().BertModel(_t().BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+             num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)), True),  # fmt: skip
+    ZooModel("gpt2", lambda: _t().GPT2Model(_t().GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4,
+             n_positions=64, bos_token_id=0, eos_token_id=0)), True),  # fmt: skip
+    ZooModel("llama", lambda: _t().LlamaModel(_t().LlamaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64)), True),  # fmt: skip
+    ZooModel("t5_encoder", lambda: _t().T5EncoderModel(_t().T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128,
+             num_layers=2, num_heads=4)), True),  # fmt: skip
+    ZooModel("vit", lambda: _t().ViTModel(_t().ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+             num_attention_heads=4, intermediate_size=128)), False),  # fmt: skip
+    ZooModel("resnet", lambda: _t().ResNetModel(_t().ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1])), False),
+    ZooModel("convnext", lambda: _t().ConvNextModel(_t().ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)), False),
+    ZooModel("mobilenet_v2", lambda: _t().MobileNetV2Model(_t().MobileNetV2Config(image_size=32, depth_multiplier=0.35)), False),
+]
+
+
+def inputs(z: ZooModel, batch: int, seq: int = 16) -> tuple[torch.Tensor, ...]:
+    if z.text:
+        return (torch.randint(0, 128, (batch, seq)),)
+    return (torch.randn(batch, 3, 32, 32),)
+
+
+def dynamic_shapes(z: ZooModel) -> tuple:
+    dims = {0: torch.export.Dim("batch", min=1, max=8)}
+    if z.text:
+        dims[1] = torch.export.Dim("seq", min=2, max=64)
+    return (dims,)
