@@ -125,7 +125,12 @@ def build(
     return build_captured(cap, out_path, options, cache_dir)
 
 
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "aotc"
+
+
 def build_captured(cap: Captured, out_path: Path, options: BuildOptions, cache_dir: Path | None = None) -> BuildReport:
+    cache_dir = cache_dir or default_cache_dir()
     graph, prog, fusion_log = compile_graph(cap)
     for line in fusion_log:
         log.info("fusion: %s", line)
