@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-
 from aotc import __version__
 from aotc.cpu_features import LEVEL_FEATURES
 from aotc.errors import UnsupportedOp
@@ -59,7 +58,7 @@ def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
     return TensorSpec(name, dtype.value, tuple(to_size(d) for d in shape))
 
 
-def _cpu_target(prog: K.Program, target: Target, options: BuildOptions, cache_dir: Path | None) -> tuple[CpuTarget, dict[str, bytes]]:
+def _cpu_target(prog: K.Program, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CpuTarget, dict[str, bytes]]:
     from .codegen import cpp
     from .compile import compile_cpp
 
@@ -74,7 +73,7 @@ def _cpu_target(prog: K.Program, target: Target, options: BuildOptions, cache_di
     return spec, {member: lib.so_bytes}
 
 
-def _cuda_target(prog: K.Program, target: Target, options: BuildOptions, cache_dir: Path | None) -> tuple[CudaTargetRaw, dict[str, bytes]]:
+def _cuda_target(prog: K.Program, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTargetRaw, dict[str, bytes]]:
     from .cubin import build_cuda_target
 
     raw, members = build_cuda_target(prog, target, options, cache_dir)

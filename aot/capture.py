@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from aotc.errors import CaptureError, UsageError
 
 
@@ -83,10 +82,7 @@ def _dim_labels(dynamic_shapes: Any, input_names: list[str]) -> dict[tuple[str, 
     if dynamic_shapes is None:
         return labels
     items: list[tuple[str, Any]]
-    if isinstance(dynamic_shapes, dict):
-        items = list(dynamic_shapes.items())
-    else:
-        items = list(zip(input_names, dynamic_shapes, strict=False))
+    items = list(dynamic_shapes.items()) if isinstance(dynamic_shapes, dict) else list(zip(input_names, dynamic_shapes, strict=False))
     for name, spec in items:
         if isinstance(spec, dict):
             for axis, dim in spec.items():

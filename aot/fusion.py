@@ -43,7 +43,7 @@ from .ir import (
 Idx = tuple[sympy.Expr, ...]
 
 
-class Realize(Exception):  # noqa: N818 - a control-flow signal, not an error
+class Realize(Exception):
     def __init__(self, node: Node, reason: str) -> None:
         super().__init__(f"{node}: {reason}")
         self.node = node
@@ -117,7 +117,7 @@ def _num(d: Dim) -> float:
     """A size to compare magnitudes when growing view groups; symbols count as large."""
     if isinstance(d, int):
         return d
-    return float(sympy.sympify(d).subs({s: 10**6 for s in sympy.sympify(d).free_symbols}))
+    return float(sympy.sympify(d).subs(dict.fromkeys(sympy.sympify(d).free_symbols, 10 ** 6)))
 
 
 # ---- index arithmetic that keeps split/merge reshapes affine ------------------------------------------
@@ -132,7 +132,7 @@ def _bound(e: sympy.Expr, ranges: dict[sympy.Symbol, Dim]) -> int | None:
             continue
         if not (coeff.is_Integer and int(coeff) >= 0 and term in ranges and isinstance(ranges[term], int)):
             return None
-        total += int(coeff) * (int(ranges[term]) - 1)  # type: ignore[arg-type]
+        total += int(coeff) * (int(ranges[term]) - 1)
     return total
 
 
@@ -206,7 +206,7 @@ def reshape_index(idx: Idx, src: tuple[Dim, ...], dst: tuple[Dim, ...], ranges: 
 def _const(v: object, dtype: DType) -> K.Const:
     if dtype is DType.bool:
         return K.Const(bool(v), dtype)
-    return K.Const(int(v) if dtype.is_int else float(v), dtype)  # type: ignore[call-overload]
+    return K.Const(int(v) if dtype.is_int else float(v), dtype)  # type: ignore[call-overload, arg-type]
 
 
 def _idx(e: sympy.Expr | int) -> K.Value:
@@ -285,7 +285,8 @@ class _Build:
         if op in Family.BINARY:
             return K.Binary(op, self.value(ins[0], idx), self.value(ins[1], idx), dt)
         if op is Op.WHERE:
-            return K.Where(*(self.value(x, idx) for x in ins), dt)  # type: ignore[call-arg]
+            c, a1, b1 = (self.value(x, idx) for x in ins)
+            return K.Where(c, a1, b1, dt)
         if op is Op.PERMUTE:
             assert isinstance(a, PermuteAttr)
             src = [sympy.Integer(0)] * len(idx)
@@ -659,7 +660,8 @@ def _own_outputs(g: Graph) -> Graph:
     gets an identity view, which becomes a copy kernel into the output buffer."""
     seen: set[Node] = set()
     outputs, nodes = [], list(g.nodes)
-    for o in g.outputs:
+    for out in g.outputs:
+        o = out
         if o.op in (Op.INPUT, Op.WEIGHT) or o in seen:
             o = Node(Op.RESHAPE, (o,), o.type, None, o.source)
             nodes.append(o)

@@ -20,7 +20,6 @@ from .ir import (
     DType,
     FullAttr,
     Graph,
-    InputAttr,
     Node,
     Op,
     PadAttr,
@@ -151,7 +150,7 @@ def eval_node(n: Node, ins: list[np.ndarray], env: dict[str, int], graph: Graph)
         return np.where(ins[0], ins[1], ins[2]).astype(dt)
     if op in REDUCE:
         assert isinstance(a, ReduceAttr)
-        return np.asarray(REDUCE[op](ins[0], axis=a.axes, keepdims=a.keepdim)).astype(dt)
+        return np.asarray(REDUCE[op](ins[0], axis=a.axes, keepdims=a.keepdim)).astype(dt)  # type: ignore[operator]
     if op is Op.CUMSUM:
         assert isinstance(a, AxisAttr)
         return np.cumsum(ins[0], axis=a.axis).astype(dt)

@@ -10,15 +10,18 @@ dtype; lowering inserts RESHAPE/EXPAND and CAST nodes, so every later stage sees
 
 from __future__ import annotations
 
+import builtins
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 import numpy as np
 import sympy
 
-Dim = int | sympy.Expr
-Shape = tuple[Dim, ...]
+# int or a sympy expression (sympy ships no type stubs, so mypy sees Any either way)
+Dim: TypeAlias = Any
+Shape: TypeAlias = tuple[Any, ...]
 
 
 class DType(enum.Enum):
@@ -40,11 +43,11 @@ class DType(enum.Enum):
         return _ITEMSIZE[self]
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         return self in (DType.f32, DType.f64, DType.f16, DType.bf16)
 
     @property
-    def is_int(self) -> bool:
+    def is_int(self) -> builtins.bool:
         return self in (DType.i64, DType.i32, DType.i16, DType.i8, DType.u8)
 
     def numpy(self) -> np.dtype:

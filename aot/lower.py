@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import sympy
 import torch
-
 from aotc.errors import UnsupportedOp
 
 from .builder import Builder, broadcast_shapes
@@ -94,6 +93,13 @@ class Ctx:
         if pos < len(self.fx.args):
             return self.value(self.fx.args[pos])
         return default
+
+    @property
+    def target(self) -> Any:
+        return self.fx.target
+
+    def kwarg(self, name: str, default: Any = None) -> Any:
+        return self.fx.kwargs.get(name, default)
 
     def _argname(self, i: int) -> str:
         schema = getattr(self.fx.target, "_schema", None)
@@ -178,7 +184,7 @@ _UNARY = {
 
 
 def _unary(c: Ctx, x: Any) -> Node:
-    op = _UNARY[c.fx.target]
+    op = _UNARY[c.target]
     x = c.arg(0)
     return c.b.ew(op, x, dtype=c.out_dtype)
 
@@ -201,9 +207,9 @@ _BINARY = {
 
 
 def _binary(c: Ctx, _: Any) -> Node:
-    op = _BINARY[c.fx.target]
+    op = _BINARY[c.target]
     a, b = c.arg(0), c.arg(1)
-    alpha = c.fx.kwargs.get("alpha", 1)
+    alpha = c.kwarg("alpha", 1)
     if op in (Op.ADD, Op.SUB) and alpha != 1:
         b = c.b.ew(Op.MUL, b, alpha, dtype=promote(b, alpha)) if isinstance(b, Node) else b * alpha
     if op is Op.POW and not isinstance(b, Node) and b == 2:
@@ -229,7 +235,7 @@ for _t in _BINARY:
 
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div_mode(c: Ctx, _: Any) -> Node:
-    a, b, mode = c.arg(0), c.arg(1), c.fx.kwargs.get("rounding_mode")
+    a, b, mode = c.arg(0), c.arg(1), c.kwarg("rounding_mode")
     dt = c.out_dtype
     if mode is None:
         return c.b.ew(Op.DIV, a, b, dtype=dt)
@@ -249,7 +255,7 @@ def _floordiv(c: Ctx, _: Any) -> Node:
 def _not(c: Ctx, _: Any) -> Node:
     x = c.arg(0)
     if x.dtype is not DType.bool:
-        if c.fx.target is aten.bitwise_not.default:
+        if c.target is aten.bitwise_not.default:
             raise UnsupportedOp(f"aten.bitwise_not on {x.dtype.value} (only bool is supported)")
         x = c.b.ew(Op.NE, x, 0, dtype=x.dtype)
     return c.b.ew(Op.NOT, x)
@@ -268,7 +274,7 @@ def _masked_fill(c: Ctx, _: Any) -> Node:
 @lower(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default)
 def _clamp(c: Ctx, _: Any) -> Node:
     x, dt = c.arg(0), c.out_dtype
-    t = c.fx.target
+    t = c.target
     lo = c.arg(1) if t in (aten.clamp.default, aten.clamp_min.default) else None
     hi = c.arg(2) if t is aten.clamp.default else (c.arg(1) if t is aten.clamp_max.default else None)
     if t is aten.hardtanh.default:
@@ -284,7 +290,7 @@ def _clamp(c: Ctx, _: Any) -> Node:
 @lower(aten.gelu.default)
 def _gelu(c: Ctx, _: Any) -> Node:
     x, dt, b = c.arg(0), c.out_dtype, c.b
-    if c.fx.kwargs.get("approximate", c.arg(1, "none")) == "tanh":
+    if c.kwarg("approximate", c.arg(1, "none")) == "tanh":
         inner = b.ew(Op.MUL, b.ew(Op.ADD, x, b.ew(Op.MUL, b.ew(Op.MUL, b.ew(Op.MUL, x, x), x), 0.044715)),
                      math.sqrt(2.0 / math.pi))  # fmt: skip
         return b.ew(Op.MUL, b.ew(Op.MUL, x, 0.5), b.ew(Op.ADD, b.ew(Op.TANH, inner), 1.0), dtype=dt)
@@ -321,7 +327,7 @@ def _copy(c: Ctx, _: Any) -> Node:
        aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.new_zeros.default,
        aten.new_ones.default, aten.new_full.default, aten.empty.memory_format, aten.empty_like.default)  # fmt: skip
 def _full(c: Ctx, _: Any) -> Node:
-    t = c.fx.target
+    t = c.target
     value: Any = {aten.zeros.default: 0, aten.ones.default: 1, aten.zeros_like.default: 0, aten.ones_like.default: 1,
                   aten.new_zeros.default: 0, aten.new_ones.default: 1, aten.empty.memory_format: 0,
                   aten.empty_like.default: 0}.get(t)  # fmt: skip
@@ -357,7 +363,7 @@ def _permute(c: Ctx, _: Any) -> Node:
 def _transpose(c: Ctx, _: Any) -> Node:
     x = c.arg(0)
     r = x.type.rank
-    d0, d1 = (0, 1) if c.fx.target is aten.t.default else (norm_axis(c.arg(1), r), norm_axis(c.arg(2), r))
+    d0, d1 = (0, 1) if c.target is aten.t.default else (norm_axis(c.arg(1), r), norm_axis(c.arg(2), r))
     perm = list(range(r))
     if r >= 2:
         perm[d0], perm[d1] = perm[d1], perm[d0]
@@ -511,30 +517,30 @@ def mean(b: Builder, x: Node, axes: tuple[int, ...], keepdim: bool, dtype: DType
 @lower(aten.sum.dim_IntList, aten.sum.default)
 def _sum(c: Ctx, _: Any) -> Node:
     x = c.arg(0)
-    axes = _axes(c.arg(1) if c.fx.target is aten.sum.dim_IntList else None, x.type.rank)
+    axes = _axes(c.arg(1) if c.target is aten.sum.dim_IntList else None, x.type.rank)
     return reduce(c.b, Op.SUM, x, axes, bool(c.kw("keepdim", 2, False)), c.out_dtype)
 
 
 @lower(aten.mean.dim, aten.mean.default)
 def _mean(c: Ctx, _: Any) -> Node:
     x = c.arg(0)
-    axes = _axes(c.arg(1) if c.fx.target is aten.mean.dim else None, x.type.rank)
+    axes = _axes(c.arg(1) if c.target is aten.mean.dim else None, x.type.rank)
     return mean(c.b, x, axes, bool(c.kw("keepdim", 2, False)), c.out_dtype)
 
 
 @lower(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default)
 def _amax(c: Ctx, _: Any) -> Node:
     x = c.arg(0)
-    op = Op.RMAX if c.fx.target in (aten.amax.default, aten.max.default) else Op.RMIN
-    axes = _axes(c.arg(1) if c.fx.target in (aten.amax.default, aten.amin.default) else None, x.type.rank)
+    op = Op.RMAX if c.target in (aten.amax.default, aten.max.default) else Op.RMIN
+    axes = _axes(c.arg(1) if c.target in (aten.amax.default, aten.amin.default) else None, x.type.rank)
     return reduce(c.b, op, x, axes, bool(c.kw("keepdim", 2, False)))
 
 
 @lower(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.default)
 def _any(c: Ctx, _: Any) -> Node:
     x = c.arg(0)
-    is_any = c.fx.target in (aten.any.dim, aten.any.dims, aten.any.default)
-    axes = _axes(c.arg(1) if c.fx.target not in (aten.any.default, aten.all.default) else None, x.type.rank)
+    is_any = c.target in (aten.any.dim, aten.any.dims, aten.any.default)
+    axes = _axes(c.arg(1) if c.target not in (aten.any.default, aten.all.default) else None, x.type.rank)
     f = c.b.cast(x if x.dtype is DType.bool else c.b.ew(Op.NE, x, 0), DType.f32)
     r = reduce(c.b, Op.RMAX if is_any else Op.RMIN, f, axes, bool(c.kw("keepdim", 2, False)))
     return c.b.ew(Op.NE, r, 0.0)
@@ -544,8 +550,8 @@ def _any(c: Ctx, _: Any) -> Node:
 def _var(c: Ctx, _: Any) -> Node:
     x, dt = c.arg(0), c.out_dtype
     axes = _axes(c.arg(1), x.type.rank)
-    keep = bool(c.fx.kwargs.get("keepdim", False))
-    corr = c.fx.kwargs.get("correction", 1 if c.fx.kwargs.get("unbiased", True) else 0)
+    keep = bool(c.kwarg("keepdim", False))
+    corr = c.kwarg("correction", 1 if c.kwarg("unbiased", True) else 0)
     m = mean(c.b, x, axes, True, dt)
     d = c.b.ew(Op.SUB, x, m)
     n = count(x.shape, axes)
@@ -571,7 +577,7 @@ def softmax(b: Builder, x: Node, axis: int, log: bool = False) -> Node:
 @lower(aten._softmax.default, aten._log_softmax.default)
 def _softmax(c: Ctx, _: Any) -> Node:
     x = c.b.cast(c.arg(0), c.out_dtype)
-    return softmax(c.b, x, norm_axis(c.arg(1), x.type.rank), c.fx.target is aten._log_softmax.default)
+    return softmax(c.b, x, norm_axis(c.arg(1), x.type.rank), c.target is aten._log_softmax.default)
 
 
 @lower(aten.native_layer_norm.default)
@@ -625,7 +631,7 @@ def _mm(c: Ctx, _: Any) -> Node:
 @lower(aten.addmm.default)
 def _addmm(c: Ctx, _: Any) -> Node:
     bias, x, y = c.arg(0), c.arg(1), c.arg(2)
-    beta, alpha = c.fx.kwargs.get("beta", 1), c.fx.kwargs.get("alpha", 1)
+    beta, alpha = c.kwarg("beta", 1), c.kwarg("alpha", 1)
     out = matmul(c.b, x, y, c.out_dtype)
     if alpha != 1:
         out = c.b.ew(Op.MUL, out, alpha)
@@ -657,10 +663,7 @@ def _sdpa(c: Ctx, _: Any) -> Node:
         cols = b.reshape(b.add(Op.ARANGE, (), DType.i64, (S,), ArangeAttr(0, 1)), (1, S))
         scores = b.where(b.ew(Op.GE, rows, cols), scores, float("-inf"), dt)
     if mask is not None:
-        if mask.dtype is DType.bool:
-            scores = b.where(mask, scores, float("-inf"), dt)
-        else:
-            scores = b.ew(Op.ADD, scores, mask, dtype=dt)
+        scores = b.where(mask, scores, float("-inf"), dt) if mask.dtype is DType.bool else b.ew(Op.ADD, scores, mask, dtype=dt)
     probs = softmax(b, scores, scores.type.rank - 1)
     # rows that are masked everywhere give zeros, as torch's SDPA does (not NaN)
     probs = b.where(b.ew(Op.NE, probs, probs), 0.0, probs, dt)
@@ -712,7 +715,7 @@ def _max_pool(c: Ctx, _: Any) -> Any:
     stride = _pair(c.arg(2) or kernel)
     attr = PoolAttr("max", kernel, stride, _pair(c.arg(3, 0)), _pair(c.arg(4, 1)), bool(c.arg(5, False)), False)  # type: ignore[arg-type]
     y = c.b.add(Op.POOL2D, (x,), x.dtype, c.out_shape, attr)
-    return (y, None) if c.fx.target is aten.max_pool2d_with_indices.default else y
+    return (y, None) if c.target is aten.max_pool2d_with_indices.default else y
 
 
 @lower(aten.avg_pool2d.default)

@@ -14,7 +14,7 @@ def _dim(d: object) -> str:
 def _attr(n: Node) -> str:
     if n.attr is None:
         return ""
-    fields = ", ".join(f"{f.name}={getattr(n.attr, f.name)!r}" for f in dataclasses.fields(n.attr))  # type: ignore[arg-type]
+    fields = ", ".join(f"{f.name}={getattr(n.attr, f.name)!r}" for f in dataclasses.fields(n.attr))
     return f" {{{fields}}}"
 
 

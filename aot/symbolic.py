@@ -7,7 +7,6 @@ fusion adds ``floor``/``Mod`` from index math. Both print through one function h
 from __future__ import annotations
 
 import sympy
-
 from aotc.shapes import Size
 
 _FLOORDIV_NAMES = {"FloorDiv", "IntTrueDiv"}

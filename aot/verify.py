@@ -101,6 +101,5 @@ def _check(n: Node, where: str) -> None:
     elif op is Op.GATHER:
         if ins[1].dtype is not DType.i64 or not shapes_equal(ins[1].shape, n.shape):
             _fail(n, "gather takes an int64 index of the output's shape", where)
-    elif op is Op.INDEX_SELECT:
-        if ins[1].dtype is not DType.i64 or ins[1].type.rank != 1:
-            _fail(n, "index_select takes a 1-d int64 index", where)
+    elif op is Op.INDEX_SELECT and (ins[1].dtype is not DType.i64 or ins[1].type.rank != 1):
+        _fail(n, "index_select takes a 1-d int64 index", where)

@@ -8,10 +8,9 @@ What it is not: logic. Anything a user could want from Python lives in the libra
 
 from __future__ import annotations
 
-import os
-
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,9 +28,7 @@ from .schema import ITEMSIZE, CpuTarget, to_dict
 F = TypeVar("F", bound=Callable[..., Any])
 _BUILD_DEPS = {"aotc_build", "torch", "triton", "sympy", "safetensors", "jinja2", "onnx"}
 
-_EPILOG = "\b\nExit codes:\n" + "\n".join(
-    f"  {code}  {name}" for name, code in sorted(EXIT_CODES.items(), key=lambda kv: kv[1])
-)
+_EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code}  {name}" for name, code in sorted(EXIT_CODES.items(), key=lambda kv: kv[1]))
 
 
 @contextmanager
@@ -63,13 +60,9 @@ def cli() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="The .pkg to write.",
 )
-@click.option(
-    "--target", "targets", multiple=True, help="cpu[:LEVEL|native] or cuda:sm_NN; repeat or comma-separate."
-)
+@click.option("--target", "targets", multiple=True, help="cpu[:LEVEL|native] or cuda:sm_NN; repeat or comma-separate.")
 @click.option("--entry", default=None, help="Name of the model (or model factory) in MODEL.py.")
-@click.option(
-    "--inputs-entry", default=None, help="Name of the example inputs (or their factory) in MODEL.py."
-)
+@click.option("--inputs-entry", default=None, help="Name of the example inputs (or their factory) in MODEL.py.")
 @click.option("--dynamic", multiple=True, help="input:axis:label:min:max, e.g. x:0:batch:1:256 (repeatable).")
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
 @click.option("--no-selftest", is_flag=True, help="Do not store example inputs and eager outputs.")
@@ -95,18 +88,14 @@ def build(
             # Only a missing builder or build dependency is the user's to fix; anything else is a bug.
             if (e.name or "").split(".")[0] not in _BUILD_DEPS and e.name != "aotc_build.build":
                 raise
-            raise UsageError(
-                f"`aotc build` needs the builder and torch ({e}): pip install 'aotc[build]'"
-            ) from None
+            raise UsageError(f"`aotc build` needs the builder and torch ({e}): pip install 'aotc[build]'") from None
         kwargs: dict[str, Any] = {"precision": precision, "dynamic": dynamic, "selftest": not no_selftest}
         names = [t for group in targets for t in group.split(",") if t.strip()]
         if names:
             kwargs["targets"] = tuple(parse_target(t) for t in names)
         cache = os.environ.get("AOTC_CACHE_DIR")  # the one place the environment is read
         report = run_build(model, out, BuildOptions(**kwargs), entry, inputs_entry, Path(cache) if cache else None)
-        summary = (
-            f" ({report.kernels} kernels; targets {', '.join(report.targets)})" if report is not None else ""
-        )
+        summary = f" ({report.kernels} kernels; targets {', '.join(report.targets)})" if report is not None else ""
         click.echo(f"wrote {out}{summary}")
 
 
@@ -178,15 +167,10 @@ def verify(package: Path, device: str) -> None:
         for c in checks:
             status = "ok" if c.ok else "FAIL"
             note = f"  ({c.note})" if c.note else ""
-            click.echo(
-                f"  {status:4} {c.name}: max abs err {c.max_abs:.3g}, max rel err {c.max_rel:.3g}{note}"
-            )
+            click.echo(f"  {status:4} {c.name}: max abs err {c.max_abs:.3g}, max rel err {c.max_rel:.3g}{note}")
         bad = [c.name for c in checks if not c.ok]
         if bad:
-            raise VerifyFailed(
-                f"outputs {', '.join(bad)} differ from the eager outputs beyond "
-                f"rtol={st.rtol:g}, atol={st.atol:g}"
-            )
+            raise VerifyFailed(f"outputs {', '.join(bad)} differ from the eager outputs beyond rtol={st.rtol:g}, atol={st.atol:g}")
 
 
 @cli.command(epilog=_EPILOG)
@@ -210,9 +194,7 @@ def inspect(package: Path, as_json: bool) -> None:
             _print_inspect(pkg, status)
         bad = [n for n, s in status.items() if s != "ok"]
         if bad:
-            raise PackageCorrupt(
-                f"{package}: sha256 mismatch in {', '.join(bad)}; copy it again or rebuild it"
-            )
+            raise PackageCorrupt(f"{package}: sha256 mismatch in {', '.join(bad)}; copy it again or rebuild it")
 
 
 def _print_inspect(pkg: Package, status: dict[str, str]) -> None:

@@ -70,7 +70,7 @@ def _floordiv(a: int, b: int) -> int:
 
 def _eval(node: ast.expr, env: Mapping[str, int]) -> int:
     if isinstance(node, ast.Constant):
-        return int(node.value)
+        return int(node.value)  # type: ignore[arg-type]
     if isinstance(node, ast.Name):
         try:
             return int(env[node.id])
@@ -121,7 +121,7 @@ def to_c(size: Size) -> str:
 
     def emit(n: ast.expr) -> str:
         if isinstance(n, ast.Constant):
-            v = int(n.value)
+            v = int(n.value)  # type: ignore[arg-type]
             return f"INT64_C({v})" if abs(v) > 2**31 - 1 else str(v)
         if isinstance(n, ast.Name):
             return n.id

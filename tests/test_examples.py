@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from aotc_build.build import build
 from aotc_build.options import BuildOptions, Target
 
@@ -59,7 +58,7 @@ def test_example_in_runtime_only_venv(name: str, tmp_path: Path, runtime_venv: P
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
     mod = _load_example(name)
-    names = [p for p in mod.dynamic_shapes]
+    names = list(mod.dynamic_shapes)
     for batch in EXAMPLES[name]:
         torch.manual_seed(batch)
         xs = _inputs(mod, batch)

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 import sympy
 import torch
-from torch import nn
-
 from aotc.errors import CaptureError, UnsupportedOp, UsageError
 from aotc_build.build import compile_graph
 from aotc_build.capture import capture, capture_module
@@ -22,6 +20,7 @@ from aotc_build.lower import lower_program
 from aotc_build.passes import run_pipeline
 from aotc_build.printer import print_graph
 from aotc_build.verify import VerifyError, verify
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
@@ -47,7 +46,8 @@ def test_printed_ir_golden(example: str) -> None:
 def test_fusion_decisions_golden() -> None:
     cap = capture(ROOT / "examples" / "transformer.py")
     _, prog, log = compile_graph(cap)
-    lines = [f"{k.name} {type(k).__name__}" for k in prog.kernels] + ["--"] + [line.split(" (")[0] + ": " + line.rsplit("): ", 1)[-1] for line in log]
+    decisions = [line.split(" (")[0] + ": " + line.rsplit("): ", 1)[-1] for line in log]
+    lines = [f"{k.name} {type(k).__name__}" for k in prog.kernels] + ["--", *decisions]
     _golden("transformer.kernels.txt", "\n".join(lines) + "\n")
     # a pre-norm block: layer-norm, attention softmax and the residual adds fuse; no kernel per op
     assert len(prog.kernels) <= 32

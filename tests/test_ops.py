@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import aotc
 import numpy as np
 import pytest
 import torch
-
-import aotc
 from aotc_build import interp
 from aotc_build.build import build_captured, compile_graph
 from aotc_build.capture import capture_module
 from aotc_build.kernel_interp import run_program
 from aotc_build.options import BuildOptions, Target
-
 from op_cases import CASES, OpCase, dynamic_shapes
 
 IDS = [c.name for c in CASES]

@@ -19,14 +19,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from aotc_build.build import build_captured  # noqa: E402
+from aotc_build.capture import capture_module  # noqa: E402
+from aotc_build.options import BuildOptions, Target  # noqa: E402
 from op_cases import CASES, dynamic_shapes  # noqa: E402
 from zoo.models import ZOO, FirstOutput  # noqa: E402
 from zoo.models import dynamic_shapes as zoo_dynamic  # noqa: E402
 from zoo.models import inputs as zoo_inputs  # noqa: E402
-
-from aotc_build.build import build_captured  # noqa: E402
-from aotc_build.capture import capture_module  # noqa: E402
-from aotc_build.options import BuildOptions, Target  # noqa: E402
 
 SM90 = (Target("cuda", "sm_90"),)
 
@@ -53,7 +52,8 @@ def emit(
     )
     ref: dict[str, np.ndarray] = {}
     m = cap.model
-    for k, xs in enumerate(cases):
+    for k, case_inputs in enumerate(cases):
+        xs = case_inputs
         if precision == "bf16":
             xs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in xs)
         with torch.no_grad():

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import aotc
 import numpy as np
 import pytest
 import torch
-
-import aotc
 from aotc_build.build import build_captured
 from aotc_build.capture import capture_module
 from aotc_build.options import BuildOptions, Target

@@ -1,0 +1,809 @@
+"""C++/OpenMP code generation: ``kernel.Program`` -> one translation unit implementing ``aotc_abi.h``.
+
+What it is: a printer. Each kernel becomes one ``static void`` function (pointwise and reduction loop
+nests written here; matmul and conv call the templates in ``cpp_templates/`` with a generated epilogue
+lambda), and ``aotc_run`` binds the ABI's pointer arrays to buffers and calls the kernels in order.
+What it is not: an optimiser. Fusion, layouts and the memory plan are decided before; index
+simplification is sympy's. The op table (``UNARY``/``BINARY``) is the only place that knows C spellings.
+
+Note: value trees are printed as CSE'd ``const`` temporaries, one per distinct node, in the scope of the
+loop body. A ``Masked`` body gets its own ``if (mask) { ... }`` scope: its loads may be out of bounds
+where the mask fails, so nothing from it is hoisted out -- only nodes that are needed unconditionally
+anyway are emitted before the ``if``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+
+from .. import kernel as K
+from ..ir import DType, Op
+from ..options import BuildOptions
+from ..symbolic import to_c
+
+HEADERS = ("aotc_abi.h", "aotc_cpu.h")
+
+# ---- types --------------------------------------------------------------------------------------------
+
+STORAGE = {
+    DType.f32: "float", DType.f64: "double", DType.f16: "uint16_t", DType.bf16: "uint16_t",
+    DType.i64: "int64_t", DType.i32: "int32_t", DType.i16: "int16_t", DType.i8: "int8_t",
+    DType.u8: "uint8_t", DType.bool: "bool",
+}  # fmt: skip
+_HALF = {DType.f16: "f16", DType.bf16: "bf16"}
+
+
+def vtype(dt: DType) -> str:
+    """The C type values of ``dt`` are computed in (16-bit floats widen to float)."""
+    return "float" if dt in _HALF else STORAGE[dt]
+
+
+def acc_type(*dts: DType) -> str:
+    """The accumulator type of a matmul/conv over operands of these dtypes."""
+    if any(d is DType.f64 for d in dts):
+        return "double"
+    return "float" if any(d.is_float for d in dts) else "int64_t"
+
+
+ACC_DTYPE = {"float": DType.f32, "double": DType.f64, "int64_t": DType.i64}
+
+
+def operand_ptr(name: str, dt: DType) -> str:
+    """A library operand pointer: 16-bit floats travel as 2-byte tag types the templates widen."""
+    if dt in _HALF:
+        return f"reinterpret_cast<const aotc_{_HALF[dt]}_tag*>({name})"
+    return name
+
+
+def literal(value: float | int | bool, dt: DType) -> str:
+    """``value`` as a C literal of compute type ``vtype(dt)``."""
+    if dt is DType.bool:
+        return "true" if value else "false"
+    if dt.is_int:
+        v = int(value)
+        text = f"INT64_C({v})" if abs(v) > 2**31 - 1 else str(v)
+        return f"({text})" if v < 0 else text
+    x = float(value)
+    if dt in _HALF:
+        x = float(np.asarray(x, dtype=np.float32).astype(dt.numpy()).astype(np.float32))
+    suffix = "" if dt is DType.f64 else "f"
+    cast = "double" if dt is DType.f64 else "float"
+    if math.isnan(x):
+        return f"static_cast<{cast}>(NAN)"
+    if math.isinf(x):
+        return f"static_cast<{cast}>({'-' if x < 0 else ''}INFINITY)"
+    text = repr(x) if dt is DType.f64 else str(np.float32(x))
+    if not any(c in text for c in ".e"):
+        text += ".0"
+    return f"({text}{suffix})" if x < 0 else text + suffix
+
+
+# ---- the op table: one op, one short C spelling --------------------------------------------------------
+
+
+def _call(fn: str) -> Callable[[str, DType], str]:
+    return lambda x, dt: f"{fn}({x})"
+
+
+def _tcall(fn: str) -> Callable[[str, DType], str]:
+    return lambda x, dt: f"{fn}<{vtype(dt)}>({x})"
+
+
+UNARY: dict[Op, Callable[[str, DType], str]] = {
+    Op.NEG: lambda x, dt: f"(-{x})",
+    Op.ABS: _call("std::abs"),
+    Op.EXP: _call("aotc_exp"),  # vectorisable for float (see aotc_cpu.h)
+    Op.LOG: _call("std::log"),
+    Op.SQRT: _call("std::sqrt"),
+    Op.RSQRT: _tcall("aotc_rsqrt"),
+    Op.TANH: _call("aotc_tanh"),
+    Op.SIGMOID: _tcall("aotc_sigmoid"),
+    Op.ERF: _call("aotc_erf"),
+    Op.SIN: _call("std::sin"),
+    Op.COS: _call("std::cos"),
+    Op.RELU: _tcall("aotc_relu"),
+    Op.RECIP: lambda x, dt: f"({literal(1, dt)} / {x})",
+    Op.FLOOR: lambda x, dt: f"std::floor({x})" if dt.is_float else x,
+    Op.NOT: lambda x, dt: f"(!{x})" if dt is DType.bool else f"(~{x})",
+}
+
+
+def _infix(sym: str) -> Callable[[str, str, DType], str]:
+    return lambda a, b, dt: f"({a} {sym} {b})"
+
+
+def _tcall2(fn: str) -> Callable[[str, str, DType], str]:
+    return lambda a, b, dt: f"{fn}<{vtype(dt)}>({a}, {b})"
+
+
+BINARY: dict[Op, Callable[[str, str, DType], str]] = {
+    Op.ADD: _infix("+"),
+    Op.SUB: _infix("-"),
+    Op.MUL: _infix("*"),
+    Op.DIV: lambda a, b, dt: f"({a} / {b})" if dt.is_float else f"aotc_floordiv<{vtype(dt)}>({a}, {b})",
+    Op.MOD: _tcall2("aotc_pymod"),
+    Op.MAX: _tcall2("aotc_maximum"),
+    Op.MIN: _tcall2("aotc_minimum"),
+    Op.POW: lambda a, b, dt: f"std::pow({a}, {b})",
+    Op.EQ: _infix("=="),
+    Op.NE: _infix("!="),
+    Op.LT: _infix("<"),
+    Op.LE: _infix("<="),
+    Op.GT: _infix(">"),
+    Op.GE: _infix(">="),
+    Op.AND: lambda a, b, dt: f"({a} {'&&' if dt is DType.bool else '&'} {b})",
+    Op.OR: lambda a, b, dt: f"({a} {'||' if dt is DType.bool else '|'} {b})",
+}
+
+
+def cast(x: str, src: DType, dst: DType) -> str:
+    """Convert a computed value of ``src`` to a computed value of ``dst``."""
+    if dst is DType.bool:
+        return f"({x} != 0)"
+    if dst in _HALF:
+        return f"aotc_round_{_HALF[dst]}(static_cast<float>({x}))"
+    if vtype(src) == vtype(dst):
+        return x
+    return f"static_cast<{vtype(dst)}>({x})"
+
+
+def load(buf: str, index: str, dt: DType) -> str:
+    if dt in _HALF:
+        return f"aotc_{_HALF[dt]}_to_f32({buf}[{index}])"
+    return f"{buf}[{index}]"
+
+
+def store_value(x: str, src: DType, dst: DType) -> str:
+    """A computed value of ``src`` as the storage representation of ``dst``."""
+    if dst in _HALF:
+        return f"aotc_f32_to_{_HALF[dst]}(static_cast<float>({x}))"
+    if dst is DType.bool:
+        return x if src is DType.bool else f"({x} != 0)"
+    return x if vtype(src) == STORAGE[dst] else f"static_cast<{STORAGE[dst]}>({x})"
+
+
+# ---- the writer -----------------------------------------------------------------------------------------
+
+
+class Writer:
+    """Lines with indentation; blocks are context managers."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def line(self, text: str = "") -> None:
+        self.lines.append(("  " * self.depth + text) if text else "")
+
+    @contextmanager
+    def block(self, head: str, tail: str = "}") -> Iterator[None]:
+        self.line(head + " {")
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            self.line(tail)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+# ---- value trees -> CSE'd temporaries ------------------------------------------------------------------
+
+
+def _unmasked(roots: Sequence[K.Value]) -> set[K.Value]:
+    """Nodes evaluated whatever any mask says: reachable from ``roots`` without entering a Masked body."""
+    seen: set[K.Value] = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        stack.extend((v.mask,) if isinstance(v, K.Masked) else K.children(v))
+    return seen
+
+
+@dataclass
+class Kctx:
+    """What value printing needs from the enclosing kernel."""
+
+    kernel: str
+    bufs: dict[str, str]  # buffer name -> C pointer name
+    numel: dict[str, str]  # buffer name -> C element count (for checked gathers)
+    dtypes: dict[str, DType]  # buffer name -> storage dtype
+    acc: str | None = None  # C expression of Acc at the current position
+    acc_dtype: DType = DType.f32
+    checked: list[str] = field(default_factory=list)  # buffers gathered with data-dependent indices
+
+
+class Values:
+    """Prints value trees into a Writer as ``const`` temporaries, CSE'd per scope."""
+
+    def __init__(self, w: Writer, ctx: Kctx) -> None:
+        self.w = w
+        self.ctx = ctx
+        self.scopes: list[dict[K.Value, str]] = []
+        self.safe: set[K.Value] = set()
+        self.count = 0
+
+    @contextmanager
+    def scope(self, roots: Sequence[K.Value]) -> Iterator[None]:
+        """A loop body evaluating ``roots``: temporaries made inside are not visible after it."""
+        saved = self.safe
+        self.safe = _unmasked(roots)
+        self.scopes.append({})
+        try:
+            yield
+        finally:
+            self.scopes.pop()
+            self.safe = saved
+
+    def _temp(self, v: K.Value, code: str, const: bool = True) -> str:
+        name = f"t{self.count}"
+        self.count += 1
+        self.w.line(f"{'const ' if const else ''}{vtype(v.dtype)} {name} = {code};")
+        self.scopes[-1][v] = name
+        return name
+
+    def expr(self, v: K.Value) -> str:
+        """A C expression for ``v`` (a temporary's name, or an inline literal)."""
+        if isinstance(v, K.Const):
+            return literal(v.value, v.dtype)
+        if isinstance(v, K.Index) and sympy.sympify(v.expr).is_Atom:
+            return cast(to_c(v.expr), DType.i64, v.dtype)
+        if isinstance(v, K.ReduceRef):
+            return f"aotc_red{v.step}"
+        if isinstance(v, K.Acc):
+            assert self.ctx.acc is not None, f"kernel {self.ctx.kernel}: Acc outside a Matmul/Conv"
+            return cast(self.ctx.acc, self.ctx.acc_dtype, v.dtype)
+        for s in reversed(self.scopes):
+            if v in s:
+                return s[v]
+        if isinstance(v, K.Masked):
+            return self._masked(v)
+        return self._temp(v, self._code(v))
+
+    def _code(self, v: K.Value) -> str:
+        if isinstance(v, K.Index):
+            return cast(to_c(v.expr), DType.i64, v.dtype)
+        if isinstance(v, K.Load):
+            ptr = self.ctx.bufs[v.buf]
+            dt = v.dtype
+            if isinstance(v.index, K.Index):
+                return load(ptr, to_c(v.index.expr), dt)
+            if v.buf not in self.ctx.checked:
+                self.ctx.checked.append(v.buf)
+            idx = f"aotc_checked({self.expr(v.index)}, {self.ctx.numel[v.buf]}, aotc_bad)"
+            return load(ptr, idx, dt)
+        if isinstance(v, K.Unary):
+            x = self.expr(v.x)
+            if v.op is Op.CAST:
+                return cast(x, v.x.dtype, v.dtype)
+            return UNARY[v.op](x, v.dtype)
+        if isinstance(v, K.Binary):
+            return BINARY[v.op](self.expr(v.a), self.expr(v.b), v.a.dtype)
+        if isinstance(v, K.Where):
+            return f"({self.expr(v.cond)} ? {self.expr(v.a)} : {self.expr(v.b)})"
+        raise TypeError(f"kernel {self.ctx.kernel}: cannot print value node {v!r}")
+
+    def _masked(self, v: K.Masked) -> str:
+        mask = self.expr(v.mask)
+        for node in K.walk(v.body):  # what the body shares with unmasked code is computed outside
+            if node in self.safe and node is not v.body and not isinstance(node, K.Masked):
+                self.expr(node)
+        name = self._temp(v, literal(v.other, v.dtype), const=False)
+        with self.w.block(f"if ({mask})"), self.scope([]):
+            self.w.line(f"{name} = {self.expr(v.body)};")
+        return name
+
+    def store(self, st: K.Store) -> None:
+        buf = self.ctx.bufs[st.buf]
+        val = self.expr(st.value)
+        dst = self.ctx.dtypes[st.buf]
+        self.w.line(f"{buf}[{to_c(st.index)}] = {store_value(val, st.value.dtype, dst)};")
+
+
+# ---- kernels ---------------------------------------------------------------------------------------------
+
+
+def cstring(text: str) -> str:
+    """A C string literal (escapes quotes, backslashes and control characters)."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 32 or ord(ch) > 126:
+            out.append("".join(f"\\x{b:02x}" for b in ch.encode()) + '""')
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _ident(text: str) -> str:
+    s = re.sub(r"\W", "_", text)
+    return s if s and not s[0].isdigit() else "_" + s
+
+
+def _loads(v: K.Value) -> Iterator[str]:
+    for n in K.walk(v):
+        if isinstance(n, K.Load):
+            yield n.buf
+
+
+def kernel_buffers(k: K.Kernel) -> tuple[list[str], set[str]]:
+    """Buffers a kernel touches, in first-use order, and the set it writes."""
+    reads: list[str] = []
+    writes: list[str] = []
+    if isinstance(k, K.Matmul):
+        reads += [k.a.buf, k.b.buf]
+    if isinstance(k, K.Conv):
+        reads += [k.x.buf, k.w.buf]
+    if isinstance(k, K.Reduce):
+        for step in k.steps:
+            reads += _loads(step.value)
+    if isinstance(k, K.Scan):
+        reads += _loads(k.value)
+        writes.append(k.store_buf)
+    else:
+        for st in k.stores:
+            reads += _loads(st.value)
+            writes.append(st.buf)
+    order = list(dict.fromkeys(reads + writes))
+    return order, set(writes)
+
+
+_OMP_BAD = " reduction(|:aotc_bad)"
+
+
+class KernelWriter:
+    """Writes one kernel function."""
+
+    def __init__(self, prog: K.Program, k: K.Kernel, fname: str, ptrs: dict[str, str]) -> None:
+        self.prog = prog
+        self.k = k
+        self.fname = fname
+        self.w = Writer()
+        self.bufs, self.written = kernel_buffers(k)
+        numel = {b.name: to_c(b.numel()) for b in (*prog.inputs, *prog.outputs, *prog.weights, *prog.arena)}
+        dtypes = {b: prog.buffer(b).dtype for b in self.bufs}
+        self.ctx = Kctx(k.name, {b: ptrs[b] for b in self.bufs}, numel, dtypes)
+        self.vals = Values(self.w, self.ctx)
+
+    def params(self) -> list[str]:
+        out = [f"[[maybe_unused]] const int64_t {s.name}" for s in self.prog.symbols]
+        for b in self.bufs:
+            buf = self.prog.buffer(b)
+            const = "" if b in self.written else "const "
+            out.append(f"{const}{STORAGE[buf.dtype]}* {self.ctx.bufs[b]}")
+        return out
+
+    def write(self) -> str:
+        body = Writer()
+        self.w = body
+        self.vals.w = body
+        body.depth = 1
+        emit = {
+            K.Pointwise: self._pointwise, K.Reduce: self._reduce, K.Matmul: self._matmul,
+            K.Conv: self._conv, K.Scan: self._scan,
+        }[type(self.k)]  # fmt: skip
+        emit()
+        out = Writer()
+        with out.block(f"static void {self.fname}({', '.join(self.params())})"):
+            if self.ctx.checked:
+                out.line("int64_t aotc_bad = 0;  // set by an out-of-range gather index")
+            out.lines += body.lines
+            if self.ctx.checked:
+                bufs = ", ".join(self.ctx.checked)
+                msg = f"kernel {self.k.name}: a gather index is out of range (reading {bufs})"
+                with out.block("if (aotc_bad)"):
+                    out.line(f"throw std::out_of_range({cstring(msg)});")
+        return out.text()
+
+    def _omp(self, text: str) -> str:
+        """An OpenMP pragma line; the gather-check reduction is added when the kernel has gathers.
+        (Printed as a placeholder: whether there are gathers is known only after the body.)"""
+        return f"#pragma omp {text}@BAD@"
+
+    def _parallel_for(self, collapse: int, work: str) -> str:
+        """The pragma over a kernel's outer loops. ``guided``: big chunks first, then small ones, so a thread
+        that starts late (a busy core) delays the end of the loop by one small chunk, not by its half."""
+        return self._omp(
+            f"parallel for collapse({collapse}) schedule(guided) if ({work} >= AOTC_PAR_MIN_WORK)"
+        )
+
+    # -- loop helpers --
+
+    def _sizes(self, prefix: str, ranges: Sequence[sympy.Expr | int]) -> list[str]:
+        names = []
+        for j, r in enumerate(ranges):
+            names.append(f"aotc_{prefix}{j}")
+            self.w.line(f"const int64_t aotc_{prefix}{j} = {to_c(r)};")
+        return names
+
+    def _for(self, var: str, n: str, lo: str = "0") -> AbstractContextManager[None]:
+        return self.w.block(f"for (int64_t {var} = {lo}; {var} < {n}; ++{var})")
+
+    def _outer(self, stack: ExitStack, sizes: list[str], work: str) -> None:
+        """Parallel loops i0.. over ``sizes`` (one plain block when there are none)."""
+        if not sizes:
+            stack.enter_context(self.w.block("do", "} while (0);"))
+            return
+        self.w.line(self._parallel_for(len(sizes), work))
+        for j, n in enumerate(sizes):
+            stack.enter_context(self._for(f"i{j}", n))
+
+    def _rloops(self, stack: ExitStack, rsizes: list[str], clause: str = "") -> None:
+        """Loops r0.. over the reduce space, ``omp simd`` (with ``clause``) on the innermost."""
+        for j, n in enumerate(rsizes):
+            if j == len(rsizes) - 1:
+                self.w.line(self._omp("simd" + clause))
+            stack.enter_context(self._for(f"r{j}", n))
+
+    def _work(self, sizes: Sequence[str]) -> str:
+        return " * ".join(sizes) if sizes else "1"
+
+    # -- pointwise --
+
+    def _pointwise(self) -> None:
+        k = self.k
+        assert isinstance(k, K.Pointwise)
+        sizes = self._sizes("n", k.ranges)
+        roots = [st.value for st in k.stores]
+        if not sizes:
+            with self.w.block("do", "} while (0);"), self.vals.scope(roots):
+                for st in k.stores:
+                    self.vals.store(st)
+            return
+        last = len(sizes) - 1
+        self.w.line(f"const int64_t aotc_chunks = aotc_ceildiv({sizes[last]}, AOTC_CHUNK);")
+        outer = [*sizes[:last], "aotc_chunks"]
+        self.w.line(self._parallel_for(len(outer), self._work(sizes)))
+        with ExitStack() as stack:
+            for j, n in enumerate(sizes[:last]):
+                stack.enter_context(self._for(f"i{j}", n))
+            stack.enter_context(self._for("aotc_c", "aotc_chunks"))
+            self.w.line("const int64_t aotc_lo = aotc_c * AOTC_CHUNK;")
+            self.w.line(f"const int64_t aotc_hi = aotc_min(aotc_lo + AOTC_CHUNK, {sizes[last]});")
+            self.w.line(self._omp("simd"))
+            stack.enter_context(self._for(f"i{last}", "aotc_hi", "aotc_lo"))
+            stack.enter_context(self.vals.scope(roots))
+            for st in k.stores:
+                self.vals.store(st)
+
+    # -- reduce --
+
+    def _reduce(self) -> None:
+        k = self.k
+        assert isinstance(k, K.Reduce)
+        sizes = self._sizes("n", k.ranges)
+        rsizes = self._sizes("m", k.reduce_ranges)
+        rnames = {f"r{j}" for j in range(len(rsizes))}
+        row = [st for st in k.stores if {s.name for s in sympy.sympify(st.index).free_symbols} & rnames]
+        outer_st = [st for st in k.stores if st not in row]
+        work = self._work(sizes + rsizes)
+        with ExitStack() as stack:
+            self._outer(stack, sizes, work)
+            for j, step in enumerate(k.steps):
+                self._step(j, step, rsizes)
+            if outer_st:
+                with self.vals.scope([st.value for st in outer_st]):
+                    for st in outer_st:
+                        self.vals.store(st)
+            if row:
+                with ExitStack() as rows:
+                    self._rloops(rows, rsizes)
+                    rows.enter_context(self.vals.scope([st.value for st in row]))
+                    for st in row:
+                        self.vals.store(st)
+
+    def _step(self, j: int, step: K.Reduction, rsizes: list[str]) -> None:
+        vt = vtype(step.dtype)
+        acc, nan = f"aotc_acc{j}", f"aotc_nan{j}"
+        is_float = step.dtype.is_float
+        if step.op is Op.SUM:
+            self.w.line(f"{vt} {acc} = 0;")
+            clause = f" reduction(+:{acc})"
+        else:
+            big = "INFINITY" if is_float else f"std::numeric_limits<{vt}>::max()"
+            if not is_float and step.op is Op.RMAX:
+                big = f"std::numeric_limits<{vt}>::lowest()"
+            init = f"-{big}" if is_float and step.op is Op.RMAX else big
+            self.w.line(f"{vt} {acc} = {init};")
+            clause = f" reduction({'max' if step.op is Op.RMAX else 'min'}:{acc})"
+            if is_float:
+                self.w.line(f"bool {nan} = false;")
+                clause += f" reduction(|:{nan})"
+        with ExitStack() as stack:
+            self._rloops(stack, rsizes, clause)
+            stack.enter_context(self.vals.scope([step.value]))
+            x = cast(self.vals.expr(step.value), step.value.dtype, step.dtype)
+            if step.op is Op.SUM:
+                self.w.line(f"{acc} += {x};")
+            else:
+                cmp = ">" if step.op is Op.RMAX else "<"
+                self.w.line(f"{acc} = {x} {cmp} {acc} ? {x} : {acc};")
+                if is_float:
+                    self.w.line(f"{nan} |= {x} != {x};")
+        res = f"({nan} ? static_cast<{vt}>(NAN) : {acc})" if step.op is not Op.SUM and is_float else acc
+        if step.dtype in _HALF:
+            res = f"aotc_round_{_HALF[step.dtype]}({res})"
+        self.w.line(f"const {vt} aotc_red{j} = {res};")
+
+    # -- matmul --
+
+    def _batch_vars(self, sizes: list[str], flat: str) -> None:
+        """Split flat batch index ``flat`` into i0.. over ``sizes`` (row-major)."""
+        rest = flat
+        for j in range(len(sizes) - 1, -1, -1):
+            if j == 0:
+                self.w.line(f"[[maybe_unused]] const int64_t i0 = {rest};")
+            else:
+                self.w.line(f"[[maybe_unused]] const int64_t i{j} = {rest} % {sizes[j]};")
+                rest = f"({rest} / {sizes[j]})"
+
+    def _offset_fn(self, expr: sympy.Expr | int, sizes: list[str]) -> str:
+        if not sizes:
+            return f"[](int64_t) -> int64_t {{ return {to_c(expr)}; }}"
+        inner = Writer()
+        saved = self.w
+        self.w = inner
+        self._batch_vars(sizes, "aotc_b")
+        self.w = saved
+        body = " ".join(line.strip() for line in inner.lines)
+        return f"[=](int64_t aotc_b) -> int64_t {{ {body} return {to_c(expr)}; }}"
+
+    def _matmul(self) -> None:
+        k = self.k
+        assert isinstance(k, K.Matmul)
+        nb = len(k.batch)
+        sizes = self._sizes("b", k.batch)
+        for name, e in (("M", k.m), ("N", k.n), ("K", k.k)):
+            self.w.line(f"const int64_t aotc_{name} = {to_c(e)};")
+        at = acc_type(k.a.dtype, k.b.dtype)
+        a, b = k.a, k.b
+        self.ctx.acc_dtype = ACC_DTYPE[at]
+        self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
+        self.w.line(f"aotc_matmul<{at}>({self._work(sizes)}, aotc_M, aotc_N, aotc_K,")
+        self.w.depth += 2
+        self.w.line(f"{operand_ptr(self.ctx.bufs[a.buf], a.dtype)}, {self._offset_fn(a.offset, sizes)},")
+        self.w.line(f"{to_c(a.strides[0])}, {to_c(a.strides[1])},")
+        self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)}, {self._offset_fn(b.offset, sizes)},")
+        self.w.line(f"{to_c(b.strides[0])}, {to_c(b.strides[1])},")
+        head = (
+            "[&](int64_t aotc_b, int64_t aotc_m0, int64_t aotc_mb, int64_t aotc_n0, int64_t aotc_nb, "
+            f"const {at}* aotc_tile, int64_t aotc_ldt)"
+        )
+        m, n = f"i{nb}", f"i{nb + 1}"
+
+        def tile() -> None:
+            with self.w.block(f"for (int64_t {m} = aotc_m0; {m} < aotc_m0 + aotc_mb; ++{m})"):
+                self.w.line(f"const {at}* aotc_row = aotc_tile + ({m} - aotc_m0) * aotc_ldt - aotc_n0;")
+                self.ctx.acc = f"aotc_row[{n}]"
+                self.w.line(self._omp("simd"))
+                with self.w.block(f"for (int64_t {n} = aotc_n0; {n} < aotc_n0 + aotc_nb; ++{n})"):
+                    self._epilogue()
+
+        with self.w.block(head, "});"):
+            self._batch_vars(sizes, "aotc_b")
+            self._checked_epilogue(tile)
+        self.w.depth -= 2
+        if self.ctx.checked:
+            self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
+
+    def _checked_epilogue(self, emit: Callable[[], None]) -> None:
+        """Run ``emit`` (an epilogue inside a template's parallel region); if it gathers, give it a local
+        ``aotc_bad`` and pass a failure out through the kernel's ``aotc_bad_epi``."""
+        saved, self.w = self.w, Writer()
+        self.w.depth = saved.depth
+        self.vals.w = self.w
+        emit()
+        body, self.w = self.w, saved
+        self.vals.w = saved
+        if self.ctx.checked:
+            self.w.line("int64_t aotc_bad = 0;")
+        self.w.lines += body.lines
+        if self.ctx.checked:
+            with self.w.block("if (aotc_bad)"):
+                self.w.line("__atomic_store_n(&aotc_bad_epi, 1, __ATOMIC_RELAXED);")
+
+    def _epilogue(self) -> None:
+        k = self.k
+        assert isinstance(k, K.Matmul | K.Conv)
+        with self.vals.scope([st.value for st in k.stores]):
+            for st in k.stores:
+                self.vals.store(st)
+
+    # -- conv --
+
+    def _conv(self) -> None:
+        k = self.k
+        assert isinstance(k, K.Conv)
+        at = acc_type(k.x.dtype, k.w.dtype)
+        self.ctx.acc_dtype = ACC_DTYPE[at]
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = k.kernel, k.stride, k.padding, k.dilation
+        shape = [
+            k.batch,
+            k.c_in,
+            k.height,
+            k.width,
+            k.c_out,
+            kh,
+            kw,
+            *k.out_hw,
+            sh,
+            sw,
+            ph,
+            pw,
+            dh,
+            dw,
+            k.groups,
+        ]
+        self.w.line(f"const aotc_conv_shape aotc_s = {{{', '.join(to_c(e) for e in shape)}}};")
+        for name, op in (("xs", k.x), ("ws", k.w)):
+            parts = ", ".join(to_c(e) for e in (op.offset, *op.strides))
+            self.w.line(f"const aotc_conv_strides aotc_{name} = {{{parts}}};")
+        self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
+        x, wt = operand_ptr(self.ctx.bufs[k.x.buf], k.x.dtype), operand_ptr(self.ctx.bufs[k.w.buf], k.w.dtype)
+        head = (
+            f"aotc_conv2d<{at}>(aotc_s, {x}, aotc_xs, {wt}, aotc_ws, [&](int64_t i0, int64_t aotc_oc0, "
+            f"int64_t aotc_ocb, int64_t aotc_p0, int64_t aotc_pb, const {at}* aotc_tile, int64_t aotc_ldt)"
+        )
+
+        def tile() -> None:
+            with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
+                self.w.line(f"const {at}* aotc_row = aotc_tile + (i1 - aotc_oc0) * aotc_ldt - aotc_p0;")
+                loop = "for (int64_t i2 = aotc_p0 / aotc_ow; i2 * aotc_ow < aotc_p0 + aotc_pb; ++i2)"
+                with self.w.block(loop):
+                    self.w.line("const int64_t aotc_lo = aotc_max(aotc_p0 - i2 * aotc_ow, 0);")
+                    self.w.line(
+                        "const int64_t aotc_hi = aotc_min(aotc_p0 + aotc_pb - i2 * aotc_ow, aotc_ow);"
+                    )
+                    self.ctx.acc = "aotc_row[i2 * aotc_ow + i3]"
+                    self.w.line(self._omp("simd"))
+                    with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
+                        self._epilogue()
+
+        with self.w.block(head, "});"):
+            self.w.line("const int64_t aotc_ow = aotc_s.OW;")
+            self._checked_epilogue(tile)
+        if self.ctx.checked:
+            self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
+
+    # -- scan --
+
+    def _scan(self) -> None:
+        k = self.k
+        assert isinstance(k, K.Scan)
+        sizes = self._sizes("n", k.ranges)
+        self.w.line(f"const int64_t aotc_len = {to_c(k.length)};")
+        at = "double" if k.dtype.is_float else "int64_t"
+        work = self._work([*sizes, "aotc_len"])
+        with ExitStack() as stack:
+            self._outer(stack, sizes, work)
+            self.w.line(f"{at} aotc_acc = 0;")
+            stack.enter_context(self._for("r0", "aotc_len"))
+            stack.enter_context(self.vals.scope([k.value]))
+            x = self.vals.expr(k.value)
+            self.w.line(f"aotc_acc += static_cast<{at}>({x});")
+            total = f"static_cast<{vtype(k.dtype)}>(aotc_acc)"
+            dst = self.prog.buffer(k.store_buf).dtype
+            ptr = self.ctx.bufs[k.store_buf]
+            self.w.line(f"{ptr}[{to_c(k.store_index)}] = {store_value(total, k.dtype, dst)};")
+
+
+# ---- the translation unit --------------------------------------------------------------------------------
+
+
+def _kernel_names(prog: K.Program) -> list[str]:
+    out: list[str] = []
+    used: set[str] = set()
+    for k in prog.kernels:
+        base = "aotc_k_" + _ident(k.name)
+        name, j = base, 1
+        while name in used:
+            name, j = f"{base}_{j}", j + 1
+        used.add(name)
+        out.append(name)
+    return out
+
+
+def _pointer_names(prog: K.Program) -> dict[str, str]:
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for b in (*prog.inputs, *prog.outputs, *prog.weights, *prog.arena):
+        base = "p_" + _ident(b.name)
+        name, j = base, 1
+        while name in used:
+            name, j = f"{base}_{j}", j + 1
+        used.add(name)
+        out[b.name] = name
+    return out
+
+
+def _uses(prog: K.Program) -> set[str]:
+    return {type(k).__name__ for k in prog.kernels}
+
+
+def generate(prog: K.Program, options: BuildOptions) -> str:
+    """The C++ source of one shared library running ``prog`` through the ABI in ``aotc_abi.h``."""
+    del options  # nothing in the generated text depends on them yet (the target is a compiler flag)
+    ptrs = _pointer_names(prog)
+    names = _kernel_names(prog)
+    for b in (*prog.inputs, *prog.weights):
+        for k in prog.kernels:
+            if b.name in kernel_buffers(k)[1]:
+                raise ValueError(f"kernel {k.name} writes {b.kind} {b.name}, which is read-only")
+    w = Writer()
+    w.line("// Generated by aotc (aot/codegen/cpp.py). Do not edit.")
+    headers = [*HEADERS]
+    uses = _uses(prog)
+    if "Matmul" in uses or "Conv" in uses:
+        headers.append("matmul.h")
+    if "Conv" in uses:
+        headers.append("conv.h")
+    for h in headers:
+        w.line(f'#include "{h}"')
+    w.line("#include <omp.h>")
+    w.line()
+    w.line("#include <atomic>")
+    w.line()
+    w.line("namespace {")
+    w.line()
+    for k, fname in zip(prog.kernels, names, strict=True):
+        kw = KernelWriter(prog, k, fname, ptrs)
+        text = kw.write()
+        bad = _OMP_BAD if kw.ctx.checked else ""
+        w.lines += text.replace("@BAD@", bad).rstrip("\n").split("\n")
+        w.line()
+    w.line("std::atomic<int> aotc_threads{0};")
+    w.line("const int aotc_default_threads = omp_get_max_threads();")
+    w.line()
+    w.line("}  // namespace")
+    w.line()
+    w.line('#define AOTC_EXPORT extern "C" __attribute__((visibility("default")))')
+    w.line()
+    w.line("AOTC_EXPORT int32_t aotc_abi_version(void) { return AOTC_ABI_VERSION; }")
+    w.line()
+    w.line("AOTC_EXPORT void aotc_set_num_threads(int32_t n) { aotc_threads.store(n); }")
+    w.line()
+    sig = (
+        "AOTC_EXPORT int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* outputs, "
+        "const void* const* weights, void* arena, char* err, size_t errlen)"
+    )
+    with w.block(sig):
+        w.line("(void)syms; (void)inputs; (void)outputs; (void)weights; (void)arena;")
+        w.line("const int aotc_n = aotc_threads.load();")
+        w.line("omp_set_num_threads(aotc_n > 0 ? aotc_n : aotc_default_threads);")
+        with w.block("try"):
+            for j, s in enumerate(prog.symbols):
+                w.line(f"const int64_t {s.name} = syms[{j}];")
+            groups = (("inputs", prog.inputs, True), ("outputs", prog.outputs, False),
+                      ("weights", prog.weights, True))  # fmt: skip
+            for arr, bufs, const in groups:
+                for j, b in enumerate(bufs):
+                    t = ("const " if const else "") + STORAGE[b.dtype]
+                    w.line(f"{t}* {ptrs[b.name]} = static_cast<{t}*>({arr}[{j}]);")
+            for b in prog.arena:
+                off = to_c(prog.arena_offsets.get(b.name, 0))
+                t = STORAGE[b.dtype]
+                w.line(f"{t}* {ptrs[b.name]} = reinterpret_cast<{t}*>(static_cast<char*>(arena) + {off});")
+            for k, fname in zip(prog.kernels, names, strict=True):
+                args = [s.name for s in prog.symbols] + [ptrs[b] for b in kernel_buffers(k)[0]]
+                w.line(f"{fname}({', '.join(args)});")
+            w.line("return 0;")
+        with w.block("catch (const std::exception& e)"):
+            w.line("aotc_set_error(err, errlen, e.what());")
+            w.line("return AOTC_ERR_EXCEPTION;")
+        with w.block("catch (...)"):
+            w.line('aotc_set_error(err, errlen, "unknown C++ exception");')
+            w.line("return AOTC_ERR_UNKNOWN;")
+    return w.text()

@@ -1,0 +1,420 @@
+"""Triton source → cubins for one SM target, cross-compiled without a GPU; the manifest's CUDA target.
+
+What it is: the driver around ``triton.compile(ASTSource(...), target=GPUTarget("cuda", sm, 32))``. Each
+kernel's source is written to a file and imported (Triton reads a real function), compiled, and checked: the
+parameter list comes from the PTX ``.entry`` signature (the scratch pointers Triton appends are counted there,
+not taken from a version table), and the cubin must be an ELF for the requested SM. Results are cached on
+disk, content-addressed by source + target + options + Triton/ptxas versions, so rebuilds skip Triton.
+What it is not: a launcher. ``aotc.cuda`` runs what this records.
+
+Note: line info is turned off. With it, ptxas embeds the absolute path of the generated source file in the
+cubin, and the same model built in two directories would give two different packages (rule 6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import keyword
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import sympy
+from aotc import cuda_plan as plan
+from aotc.errors import CompileError
+
+from . import kernel as K
+from .codegen import triton as tg
+from .options import BuildOptions, Target
+from .symbolic import to_size
+
+CACHE_VERSION = 1
+EM_CUDA = 190
+_SIG_KIND = {"fp32": "f32", "fp64": "f64", "fp16": "f16", "bf16": "bf16", "i1": "i1", "i8": "i8", "u8": "u8",
+             "i16": "i16", "i32": "i32", "i64": "i64"}  # fmt: skip
+_PTX_BYTES = {"8": 1, "16": 2, "32": 4, "64": 8}
+_ENTRY = re.compile(r"\.(?:visible\s+)?\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
+_PARAM = re.compile(
+    r"\.param\s+(?:\.align\s+\d+\s+)?\.([a-z]+)(\d+)\b[^,\n]*?(\w+)(?:\[(\d+)\])?\s*(?:,|$)", re.M
+)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One compiled kernel: the cubin and everything a launcher needs to know about it."""
+
+    name: str
+    sm: int
+    cubin: bytes
+    ptx_params: tuple[int, ...]  # byte width of each .entry parameter
+    num_args: int  # launch arguments (the non-constexpr signature entries); the rest are scratch pointers
+    num_warps: int
+    num_ctas: int
+    cluster_dims: tuple[int, int, int]
+    shared: int
+    global_scratch_size: int
+    global_scratch_align: int
+    profile_scratch_size: int
+    profile_scratch_align: int
+    launch_cooperative_grid: bool
+    launch_pdl: bool
+    enable_fp_fusion: bool
+    triton_version: str
+    ptxas_version: str
+
+    def plan_params(self, kinds: list[str]) -> tuple[tuple[str, int], ...]:
+        """(kind, bytes) per PTX parameter: ``kinds`` for the launch arguments, then the scratch pointers."""
+        extra = ("global_scratch", "profile_scratch")
+        return tuple(
+            zip([*kinds, *extra[: len(self.ptx_params) - self.num_args]], self.ptx_params, strict=True)
+        )
+
+
+# ---- facts read from the toolchain and its outputs ---------------------------------------------------
+
+
+def triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
+
+
+def ptxas_version(sm: int) -> str:
+    """``major.minor`` of the ptxas Triton uses for ``sm`` (Triton 3.9 uses a newer one from sm_90 on)."""
+    tool = None
+    with contextlib.suppress(ImportError, AttributeError):
+        from triton.backends.nvidia import compiler as nv
+
+        tool = nv.get_ptxas(sm) if hasattr(nv, "get_ptxas") else None
+    if tool is None:
+        from triton import knobs
+
+        tool = knobs.nvidia.ptxas
+    m = re.search(r"(\d+)\.(\d+)", str(tool.version))
+    if not m:
+        raise CompileError(f"cannot read the ptxas version from {tool.path!r} (got {tool.version!r})")
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def ptx_params(ptx: str, name: str) -> tuple[int, ...]:
+    """Byte widths of the parameters of ``.entry name`` in PTX text."""
+    for m in _ENTRY.finditer(ptx):
+        if m.group(1) == name:
+            out = []
+            for p in _PARAM.finditer(m.group(2)):
+                width = _PTX_BYTES.get(p.group(2))
+                if width is None:
+                    raise CompileError(f"PTX parameter {p.group(0).strip()!r} of {name}: unknown width")
+                out.append(width * int(p.group(4) or 1))
+            declared = m.group(2).count(".param")
+            if declared != len(out):
+                raise CompileError(f"PTX .entry {name}: read {len(out)} of {declared} parameters")
+            return tuple(out)
+    raise CompileError(f"no .entry {name} in the PTX Triton produced")
+
+
+def check_cubin(cubin: bytes, sm: int, ptxas: str, where: str) -> None:
+    """The cubin is a 64-bit CUDA ELF whose e_flags name ``sm`` (bits 0-7 for ptxas 12.x, 8-15 from 13.x)."""
+    if len(cubin) < 64 or cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise CompileError(f"{where}: the cubin is not a 64-bit ELF")
+    machine = struct.unpack_from("<H", cubin, 0x12)[0]
+    if machine != EM_CUDA:
+        raise CompileError(f"{where}: the cubin's ELF machine is {machine}, not EM_CUDA ({EM_CUDA})")
+    flags = struct.unpack_from("<I", cubin, 0x30)[0]
+    major = int(ptxas.split(".", maxsplit=1)[0])
+    got = (flags >> 8) & 0xFF if major >= 13 else flags & 0xFF
+    if got != sm:
+        raise CompileError(
+            f"{where}: the cubin is for sm_{got} (e_flags {flags:#x}, ptxas {ptxas}), not sm_{sm}"
+        )
+
+
+def elf_sm(cubin: bytes, ptxas: str) -> int:
+    flags = struct.unpack_from("<I", cubin, 0x30)[0]
+    return (flags >> 8) & 0xFF if int(ptxas.split(".", maxsplit=1)[0]) >= 13 else flags & 0xFF
+
+
+# ---- compiling one kernel ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _triton_settings(tmp: str) -> Iterator[None]:
+    """Triton's own cache in a throwaway folder; no line info (see the module note)."""
+    from triton import knobs
+
+    with knobs.cache.scope(), knobs.compilation.scope():
+        knobs.cache.dir = tmp
+        knobs.compilation.disable_line_info = True
+        yield
+
+
+def compile_source(
+    source: str,
+    fn_name: str,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, int | float | bool],
+    *,
+    sm: int,
+    cache_dir: str | os.PathLike[str],
+    num_warps: int = 4,
+    num_stages: int = 3,
+    enable_fp_fusion: bool = True,
+    aligned: tuple[str, ...] = (),
+    extra_options: Mapping[str, Any] | None = None,
+) -> Compiled:
+    """Compile ``fn_name`` of the module text ``source`` for ``sm`` (an int), through the on-disk cache.
+
+    ``aligned`` names pointer arguments promised to be 16-byte aligned (the runtime keeps that promise);
+    ``extra_options`` go to Triton as they are (``num_ctas``, ``launch_pdl``, ...)."""
+    extra = dict(sorted((extra_options or {}).items()))
+    cache = Path(cache_dir)
+    tv, pv = triton_version(), ptxas_version(sm)
+    key_doc = {
+        "v": CACHE_VERSION, "source": source, "fn": fn_name, "signature": dict(signature),
+        "constexprs": {k: constexprs[k] for k in sorted(constexprs)}, "sm": sm, "num_warps": num_warps,
+        "num_stages": num_stages, "fp_fusion": enable_fp_fusion, "aligned": list(aligned),
+        "extra": extra,
+        "triton": tv, "ptxas": pv,
+    }  # fmt: skip
+    key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()
+    entry = cache / "cubin" / key[:2] / key
+    hit = _read_cache(entry)
+    if hit is not None:
+        return hit
+    src_path = cache / "src" / key[:2] / key / f"{fn_name}.py"
+    src_path.parent.mkdir(parents=True, exist_ok=True)
+    src_path.write_text(source)
+    where = f"{src_path} (kernel {fn_name}, sm_{sm})"
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler.compiler import ASTSource
+
+        spec = importlib.util.spec_from_file_location(f"aotc_kernel_{key[:16]}", src_path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fn = getattr(module, fn_name)
+        names = list(signature)
+        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+        src = ASTSource(fn, dict(signature), constexprs=dict(constexprs), attrs=attrs)
+        opts = {
+            "num_warps": num_warps,
+            "num_stages": num_stages,
+            "enable_fp_fusion": enable_fp_fusion,
+            **extra,
+        }
+        with tempfile.TemporaryDirectory(prefix="aotc-triton-") as tmp, _triton_settings(tmp):
+            ck = triton.compile(src, target=GPUTarget("cuda", sm, 32), options=opts)
+            cubin, ptx, md = bytes(ck.asm["cubin"]), str(ck.asm["ptx"]), ck.metadata
+    except CompileError:
+        raise
+    except Exception as e:  # Triton raises many types; each becomes one CompileError naming the file
+        msg = str(e).strip() or type(e).__name__
+        raise CompileError(f"triton.compile failed for {where}: {type(e).__name__}: {msg}") from e
+    check_cubin(cubin, sm, pv, where)
+    params = ptx_params(ptx, md.name)
+    num_args = sum(1 for v in signature.values() if v != "constexpr")
+    if not num_args <= len(params) <= num_args + 2:
+        raise CompileError(f"{where}: PTX has {len(params)} parameters for {num_args} launch arguments")
+    cd = tuple(getattr(md, "cluster_dims", (1, 1, 1)) or (1, 1, 1))
+    out = Compiled(
+        name=md.name,
+        sm=sm,
+        cubin=cubin,
+        ptx_params=params,
+        num_args=num_args,
+        num_warps=int(md.num_warps),
+        num_ctas=int(getattr(md, "num_ctas", 1)),
+        cluster_dims=(int(cd[0]), int(cd[1]), int(cd[2])),
+        shared=int(md.shared),
+        global_scratch_size=int(getattr(md, "global_scratch_size", 0) or 0),
+        global_scratch_align=int(getattr(md, "global_scratch_align", 1) or 1),
+        profile_scratch_size=int(getattr(md, "profile_scratch_size", 0) or 0),
+        profile_scratch_align=int(getattr(md, "profile_scratch_align", 1) or 1),
+        launch_cooperative_grid=bool(getattr(md, "launch_cooperative_grid", False)),
+        launch_pdl=bool(getattr(md, "launch_pdl", False)),
+        enable_fp_fusion=bool(md.enable_fp_fusion),
+        triton_version=tv,
+        ptxas_version=pv,
+    )
+    for i, (kind, width) in enumerate(zip(signature.values(), params, strict=False)):
+        if kind == "constexpr":
+            continue
+        want = 8 if kind.startswith("*") else plan.SCALAR_BYTES[_SIG_KIND[kind]]
+        if width != want:
+            raise CompileError(f"{where}: PTX parameter {i} is {width} bytes; a {kind} argument needs {want}")
+    _write_cache(entry, out)
+    return out
+
+
+def _read_cache(entry: Path) -> Compiled | None:
+    try:
+        meta = json.loads(entry.with_suffix(".json").read_text())
+        cubin = entry.with_suffix(".cubin").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if hashlib.sha256(cubin).hexdigest() != meta.pop("cubin_sha256", None):
+        return None
+    meta["ptx_params"] = tuple(meta["ptx_params"])
+    meta["cluster_dims"] = tuple(meta["cluster_dims"])
+    return Compiled(cubin=cubin, **meta)
+
+
+def _write_cache(entry: Path, c: Compiled) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    meta = {k: v for k, v in asdict(c).items() if k != "cubin"}
+    meta["cubin_sha256"] = hashlib.sha256(c.cubin).hexdigest()
+    for suffix, data in ((".cubin", c.cubin), (".json", json.dumps(meta, sort_keys=True).encode())):
+        fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=entry.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, entry.with_suffix(suffix))
+
+
+def compile_kernel(
+    tk: tg.TritonKernel, sm: int, cache_dir: str | os.PathLike[str], enable_fp_fusion: bool = True
+) -> Compiled:
+    aligned = tuple(p.name for p in tk.params if p.sig.startswith("*"))
+    return compile_source(
+        tk.source,
+        tk.name,
+        tk.signature(),
+        dict(tk.constexprs),
+        sm=sm,
+        cache_dir=cache_dir,
+        num_warps=tk.num_warps,
+        num_stages=tk.num_stages,
+        enable_fp_fusion=enable_fp_fusion,
+        aligned=aligned,
+    )
+
+
+def sig_kind(sig: str) -> str:
+    return "ptr" if sig.startswith("*") else _SIG_KIND[sig]
+
+
+# ---- the whole program -------------------------------------------------------------------------------
+
+
+def kernel_name(name: str, taken: set[str]) -> str:
+    """A Python/PTX identifier for a kernel name, unique among ``taken``."""
+    base = re.sub(r"\W", "_", name) or "kernel"
+    if base[0].isdigit() or keyword.iskeyword(base) or base in {"tl", "triton", "libdevice"}:
+        base = "k_" + base
+    out, n = base, 1
+    while out in taken:
+        out, n = f"{base}_{n}", n + 1
+    taken.add(out)
+    return out
+
+
+def _tensor(b: K.Buffer) -> plan.Tensor:
+    return plan.Tensor(b.name, b.dtype.value, tuple(to_size(d) for d in b.shape))
+
+
+def arena_layout(prog: K.Program) -> tuple[tuple[tuple[str, Any], ...], Any]:
+    """Byte offsets of the arena buffers and the arena size: the memory plan's, or one buffer after another
+    at 256-byte alignment where the program has no plan."""
+    offsets: dict[str, Any] = dict(prog.arena_offsets)
+    size: Any = prog.arena_size
+    if any(b.name not in offsets for b in prog.arena):
+        end: Any = 0
+        for b in prog.arena:
+            offsets[b.name] = end
+            end = end + 256 * sympy.ceiling(sympy.sympify(b.nbytes()) / 256)
+        size = end
+    return tuple((b.name, to_size(offsets[b.name])) for b in prog.arena), to_size(size)
+
+
+def build_cuda_target(
+    prog: K.Program, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str]
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Every kernel of ``prog`` as a cubin for ``target`` (``cuda:sm_NN``): the manifest's target dict and
+    the package members it names (``cuda/sm_NN/<kernel>.cubin`` and the Triton source beside it)."""
+    if target.kind != "cuda":
+        raise CompileError(f"build_cuda_target needs a cuda target, got {target}")
+    sm = target.sm
+    fp_fusion = dict(options.extra).get("cuda_fp_fusion", "1") != "0"
+    taken: set[str] = set()
+    by_body: dict[str, plan.Kernel] = {}
+    kernels: list[plan.Kernel] = []
+    launches: list[plan.Launch] = []
+    members: dict[str, bytes] = {}
+    versions: set[str] = set()
+    for k in prog.kernels:
+        name = kernel_name(k.name, taken)
+        k_named = _renamed(k, name)
+        tk = tg.generate(prog, k_named, options, sm)
+        body = tk.source.replace(f"def {name}(", "def __kernel__(", 1)
+        kinds = [sig_kind(p.sig) for p in tk.params]
+        pk = by_body.get(body)
+        if pk is None:
+            c = compile_kernel(tk, sm, cache_dir, fp_fusion)
+            versions.add(c.ptxas_version)
+            member = f"cuda/{target.arch}/{name}.cubin"
+            members[member] = c.cubin
+            members[f"cuda/{target.arch}/{name}.py"] = tk.source.encode()
+            pk = plan.Kernel(
+                name=c.name,
+                member=member,
+                params=c.plan_params(kinds),
+                num_warps=c.num_warps,
+                shared=c.shared,
+                num_ctas=c.num_ctas,
+                cluster_dims=c.cluster_dims,
+                global_scratch_size=c.global_scratch_size,
+                global_scratch_align=c.global_scratch_align,
+                profile_scratch_size=c.profile_scratch_size,
+                profile_scratch_align=c.profile_scratch_align,
+                launch_cooperative_grid=c.launch_cooperative_grid,
+                launch_pdl=c.launch_pdl,
+                enable_fp_fusion=c.enable_fp_fusion,
+                ptxas_version=c.ptxas_version,
+                source=f"cuda/{target.arch}/{name}.py",
+            )
+            by_body[body] = pk
+            kernels.append(pk)
+        args = []
+        for p, kind in zip(tk.params, kinds, strict=True):
+            if p.source[0] == "buffer":
+                args.append(plan.Arg("ptr", buffer=str(p.source[1])))
+            else:
+                args.append(plan.Arg(kind, expr=p.source[1]))
+        launches.append(plan.Launch(pk.name, tk.grid, tuple(args)))
+    arena, arena_bytes = arena_layout(prog)
+    ptxas = max(versions, key=lambda v: tuple(map(int, v.split(".")))) if versions else ptxas_version(sm)
+    t = plan.CudaTarget(
+        arch=target.arch,
+        triton_version=triton_version(),
+        ptxas_version=ptxas,
+        min_driver=int(ptxas.split(".")[0]) * 1000,
+        symbols=tuple(s.name for s in prog.symbols),
+        inputs=tuple(map(_tensor, prog.inputs)),
+        outputs=tuple(map(_tensor, prog.outputs)),
+        weights=tuple(map(_tensor, prog.weights)),
+        arena_bytes=arena_bytes,
+        arena=arena,
+        kernels=tuple(kernels),
+        launches=tuple(launches),
+        precision=options.precision,
+    )
+    d = t.to_dict()
+    plan.parse(
+        d, f"CUDA target {target.arch} just built"
+    )  # the builder never writes what the runtime refuses
+    return d, members
+
+
+def _renamed(k: K.Kernel, name: str) -> K.Kernel:
+    from dataclasses import replace
+
+    return k if k.name == name else replace(k, name=name)

@@ -1,0 +1,235 @@
+"""The CPU executor: a cffi (ABI mode) binding of a generated library and the choice of CPU target.
+
+What it is: ``select_target`` (the best CPU target this machine runs, from the flags each target needs),
+``CpuExecutor`` (loads the library's hash-checked bytes through a sealed memfd, checks its ABI version,
+runs it with numpy arrays, a cached 64-byte-aligned arena and an error buffer). The C side of the contract
+is ``cpp_templates/aotc_abi.h``; ``CDEF`` below declares the same three functions.
+What it is not: input validation. ``aotc.model`` checks names, dtypes, shapes and symbol ranges before
+calling ``run``; this module trusts what it is given.
+
+Note: ``dlopen`` identifies libraries by the path string first. A ``/proc/self/fd/N`` path can name a
+library loaded earlier through a since-reused fd (glibc keeps libraries with unique C++ symbols loaded
+after dlclose), and dlopen would hand back that stale library. Each load therefore probes its path with
+RTLD_NOLOAD and moves the memfd to another descriptor until the path is unused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import os
+import platform
+import sys
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import cffi
+import numpy as np
+
+from .cpu_features import LEVELS, cpu_flags, cpu_level, missing_features
+from .errors import DeviceError, IncompatiblePackage, InputMismatch, UsageError
+from .package import Package, aligned_empty
+from .schema import CpuTarget, TensorSpec, dtype_name, numpy_dtype
+from .shapes import evaluate
+
+ABI_VERSION = 1  # AOTC_ABI_VERSION in cpp_templates/aotc_abi.h
+CDEF = """
+int32_t aotc_abi_version(void);
+int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* outputs,
+                 const void* const* weights, void* arena, char* err, size_t errlen);
+void aotc_set_num_threads(int32_t n);
+"""
+_ffi = cffi.FFI()
+_ffi.cdef(CDEF)
+_ERRLEN = 4096
+_OPENMP_RUNTIMES = (b"libgomp.so.1", b"libomp.so", b"libomp.so.5", b"libiomp5.so")
+
+
+def select_target(targets: Sequence[CpuTarget], flags: frozenset[str] | None = None, machine: str | None = None) -> CpuTarget:
+    """The highest-level CPU target whose required features this CPU has."""
+    machine = (machine or platform.machine()).lower()
+    if not targets:
+        raise IncompatiblePackage("the package has no CPU target: rebuild it with --target cpu (or cpu:native)")
+    if machine not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
+        raise IncompatiblePackage(f"the package's CPU targets are x86-64 Linux libraries; this machine is {sys.platform}/{machine}")
+    have = cpu_flags() if flags is None else flags
+    ranked = sorted(targets, key=lambda t: LEVELS.index(t.level), reverse=True)
+    for t in ranked:
+        if not missing_features(t.features, have):
+            return t
+    needs = "; ".join(f"cpu:{t.level} needs {', '.join(missing_features(t.features, have))}" for t in ranked)
+    raise IncompatiblePackage(
+        f"no CPU target of this package runs on this CPU ({cpu_level(have)}): {needs}. "
+        f"Rebuild with --target cpu:{cpu_level(have)} (or cpu:native on this machine)"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _libdl() -> ctypes.CDLL:
+    """libc's dlopen/dlclose, for the two calls cffi cannot make (see _is_loaded)."""
+    libc = ctypes.CDLL(None)
+    libc.dlopen.restype = ctypes.c_void_p
+    libc.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    libc.dlclose.argtypes = [ctypes.c_void_p]
+    return libc
+
+
+def _is_loaded(path: str) -> bool:
+    """Whether dlopen already knows a library by this path. (cffi's dlopen crashes on the NULL that an
+    RTLD_NOLOAD miss returns without a dlerror message, so this asks libc directly.)"""
+    handle = _libdl().dlopen(path.encode(), os.RTLD_NOW | os.RTLD_NOLOAD)
+    if not handle:
+        return False
+    _libdl().dlclose(handle)
+    return True
+
+
+def _pin_openmp() -> None:
+    """Keep the OpenMP runtime a model library pulled in loaded for good. Its worker threads outlive every
+    parallel region, sleeping inside it; unloading it with the last model library would crash the process.
+    """
+    for name in _OPENMP_RUNTIMES:
+        _libdl().dlopen(name, os.RTLD_NOW | os.RTLD_NOLOAD | os.RTLD_NODELETE)
+
+
+def _dlopen_bytes(data: bytes, name: str) -> Any:
+    """dlopen a library from memory: a sealed memfd, opened through /proc/self/fd (no file on disk)."""
+    if not hasattr(os, "memfd_create"):
+        raise IncompatiblePackage(f"loading {name} needs memfd_create (Linux); this is {sys.platform}")
+    fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    held = [fd]
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)  # nothing can change the checked bytes from here on
+        while _is_loaded(f"/proc/self/fd/{held[-1]}"):
+            held.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0))
+        try:
+            lib = _ffi.dlopen(f"/proc/self/fd/{held[-1]}", _ffi.RTLD_NOW | _ffi.RTLD_LOCAL)
+            _pin_openmp()
+            return lib
+        except OSError as e:
+            raise IncompatiblePackage(
+                f"cannot load {name}: {e}. If it names a missing library such as libgomp.so.1, install the "
+                f"GNU OpenMP runtime (e.g. apt-get install libgomp1)"
+            ) from None
+    finally:
+        for h in held:  # the mapping keeps the library alive; the descriptors are not needed
+            os.close(h)
+
+
+class CpuExecutor:
+    """One loaded CPU library with its weights; ``run`` is thread-safe (calls are serialised)."""
+
+    device = "cpu"
+
+    def __init__(
+        self,
+        package: Package,
+        target: CpuTarget,
+        weights: Sequence[np.ndarray] | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        if num_threads is not None and num_threads < 0:
+            raise UsageError(f"num_threads must be >= 0 (0 or None: OpenMP's default), got {num_threads}")
+        if target.abi_version != ABI_VERSION:
+            raise IncompatiblePackage(
+                f"{target.library} uses aotc C ABI version {target.abi_version}; this runtime speaks version "
+                f"{ABI_VERSION}: rebuild the package with this aotc, or install the aotc it was built with"
+            )
+        self.target = f"cpu:{target.level}"
+        self.spec = target
+        self._symbols = [s.name for s in package.manifest.symbols]
+        self._n_in, self._n_out = len(package.manifest.inputs), len(package.manifest.outputs)
+        self._out_dtypes = [numpy_dtype(o.dtype) for o in package.manifest.outputs]
+        self._weights = list(package.weights() if weights is None else weights)
+        for w in self._weights:
+            if w.ctypes.data % 64 and w.size:
+                raise ValueError("weights must be 64-byte aligned (the C ABI promises it)")
+        code = package.read(target.library)  # the sha256 check happens here, before dlopen sees a byte
+        self._lib = _dlopen_bytes(code, target.library)
+        # cffi never dlcloses on its own; without this every load would leak a mapped library.
+        self._close = weakref.finalize(self, _ffi.dlclose, self._lib)
+        self._close.atexit = False  # at exit a daemon thread may still be inside the library
+        got = int(self._lib.aotc_abi_version())
+        if got != target.abi_version:
+            raise IncompatiblePackage(
+                f"{target.library} reports aotc ABI version {got}, the manifest says {target.abi_version}: rebuild the package"
+            )
+        self._threads = int(num_threads or 0)
+        self._lib.aotc_set_num_threads(self._threads)
+        self._lock = threading.Lock()
+        self._arena = aligned_empty(0)
+        self._err = _ffi.new("char[]", _ERRLEN)
+        self._w = _ffi.new("void*[]", [_ffi.cast("void*", w.ctypes.data) for w in self._weights] or [_ffi.NULL])
+        self._in = _ffi.new("void*[]", max(self._n_in, 1))
+        self._out = _ffi.new("void*[]", max(self._n_out, 1))
+        self._syms = _ffi.new("int64_t[]", max(len(self._symbols), 1))
+
+    # -- the Executor protocol used by aotc.model --
+
+    def accept(self, value: Any, spec: TensorSpec) -> tuple[np.ndarray, tuple[int, ...], str]:
+        """An input as a numpy array, its shape, and its dtype name for checking (no conversion of values)."""
+        try:
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except Exception as e:
+            raise InputMismatch(
+                f"input {spec.name!r}: cannot be read as a numpy array ({type(e).__name__}: {e}); pass a "
+                f"numpy array (CPU tensors of other libraries convert with numpy.asarray)"
+            ) from None
+        return arr, tuple(arr.shape), dtype_name(arr.dtype) or arr.dtype.str
+
+    def execute(self, inputs: Sequence[np.ndarray], env: Mapping[str, int], out_shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+        outs = [np.empty(s, d) for s, d in zip(out_shapes, self._out_dtypes, strict=True)]
+        arena = evaluate(self.spec.arena_bytes, env)
+        self.run(inputs, [env[s] for s in self._symbols], outs, arena)
+        return outs
+
+    def to_host(self, value: np.ndarray) -> np.ndarray:
+        return value
+
+    def close(self) -> None:
+        """Unload the library now (otherwise when the executor is garbage-collected)."""
+        with self._lock:
+            self._close()
+
+    # -- the raw call --
+
+    def run(
+        self,
+        inputs: Sequence[np.ndarray],
+        syms: Sequence[int],
+        outputs: Sequence[np.ndarray],
+        arena_bytes: int,
+    ) -> None:
+        """One call of ``aotc_run``. Inputs are made C-contiguous and aligned (copied only when they are not);
+        outputs must be C-contiguous arrays of the evaluated output shapes."""
+        ins = [a if a.flags.c_contiguous and a.flags.aligned else np.ascontiguousarray(a) for a in inputs]
+        if len(ins) != self._n_in or len(outputs) != self._n_out or len(syms) != len(self._symbols):
+            raise ValueError("wrong number of inputs, outputs or symbols for this library")
+        with self._lock:
+            if not self._close.alive:
+                raise UsageError("this model was closed; load the package again")
+            if arena_bytes > self._arena.size:
+                self._arena = aligned_empty(-(-arena_bytes // 4096) * 4096)
+            for i, a in enumerate(ins):
+                self._in[i] = _ffi.cast("void*", a.ctypes.data)
+            for i, o in enumerate(outputs):
+                if not o.flags.c_contiguous or not o.flags.writeable:
+                    raise ValueError("outputs must be writeable C-contiguous arrays")
+                self._out[i] = _ffi.cast("void*", o.ctypes.data)
+            for i, v in enumerate(syms):
+                self._syms[i] = v
+            # Threads are a per-thread OpenMP setting: set it on the thread that runs.
+            self._lib.aotc_set_num_threads(self._threads)
+            arena = _ffi.cast("void*", self._arena.ctypes.data) if arena_bytes else _ffi.NULL
+            self._err[0] = b"\0"
+            rc = self._lib.aotc_run(self._syms, self._in, self._out, self._w, arena, self._err, _ERRLEN)
+            if rc != 0:
+                msg = _ffi.string(self._err).decode("utf-8", "replace") or "no message"
+                raise DeviceError(f"{self.spec.library} failed with code {rc}: {msg}")

@@ -1,0 +1,312 @@
+"""``aotc.load`` and ``Model``: choose a device and target, check every input, run, and self-test.
+
+What it is: the user-facing API. ``load`` opens a package, picks CUDA (through ``aotc.cuda``, imported only
+when the package has a CUDA target) or the best CPU target, and returns a ``Model``. ``Model.run`` checks
+names, dtypes (exactly: no silent casts), ranks, static sizes and dynamic-dimension ranges, binds the
+symbols, and only then calls the executor. ``Model.verify`` runs the package's self-test.
+What it is not: an executor. ``aotc.cpu`` and ``aotc.cuda`` own the calls into generated code; they share
+the small ``Executor`` protocol below.
+
+Note: a symbol is bound by the first input dimension that *is* that symbol (``"s0"``); every other
+dimension (an int or an expression such as ``"2*s0"``) is then evaluated and compared. The schema refuses
+packages where some symbol is not a plain dimension of any input, so binding never needs to solve anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
+from .package import Package
+from .schema import Manifest, Symbol, TensorSpec
+from .shapes import ShapeExprError, Size, evaluate
+
+
+class Executor(Protocol):
+    """What ``Model`` needs from a device back end (``aotc.cpu.CpuExecutor``, ``aotc.cuda``'s executor)."""
+
+    device: str  # "cpu", "cuda:0"
+    target: str  # "cpu:x86-64-v4", "cuda:sm_90"
+
+    def accept(self, value: Any, spec: TensorSpec) -> tuple[Any, tuple[int, ...], str]:
+        """The input as the executor's array type, its shape, and its dtype as a manifest dtype name (or a
+        description of a dtype the format does not have). Raises InputMismatch for unusable values
+        (e.g. on a device the executor cannot read)."""
+        ...
+
+    def execute(self, inputs: Sequence[Any], env: Mapping[str, int], out_shapes: Sequence[tuple[int, ...]]) -> list[Any]:
+        """Run once on checked inputs; ``env`` binds every symbol; returns the outputs in manifest order."""
+        ...
+
+    def to_host(self, value: Any) -> np.ndarray:
+        """An output as a numpy array (for the self-test)."""
+        ...
+
+    def close(self) -> None:
+        """Release code and device memory now; later calls raise UsageError."""
+        ...
+
+
+def load(path: str | Path, device: str = "auto", num_threads: int | None = None) -> Model:
+    """Open a package and prepare it to run.
+
+    device: "auto" (CUDA when the package has a target for this GPU and the driver loads, else CPU),
+    "cpu", "cuda" or "cuda:N". num_threads: OpenMP threads for the CPU target (None: OpenMP's default).
+    """
+    dev = device.strip().lower()
+    if dev not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", dev):
+        raise UsageError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
+    package = Package(path)
+    m = package.manifest
+    fallback = None
+    if dev.startswith("cuda") or (dev == "auto" and m.cuda_targets):
+        try:
+            return Model(package, _open_cuda(package, "cuda" if dev == "auto" else dev))
+        except IncompatiblePackage as e:
+            if dev != "auto" or not m.cpu_targets:
+                raise
+            fallback = str(e)
+    from .cpu import CpuExecutor, select_target
+
+    return Model(package, CpuExecutor(package, select_target(m.cpu_targets), num_threads=num_threads), fallback)
+
+
+def _open_cuda(package: Package, device: str) -> Executor:
+    targets = package.manifest.cuda_targets
+    if not targets:
+        have = ", ".join(f"cpu:{t.level}" for t in package.manifest.cpu_targets) or "none"
+        raise IncompatiblePackage(f"the package has no CUDA target (it has: {have}): rebuild with --target cuda:sm_NN, or use device='cpu'")
+    try:
+        cuda = importlib.import_module("aotc.cuda")  # only packages with a CUDA target pay for it
+    except ImportError as e:
+        raise IncompatiblePackage(f"this aotc runtime cannot run CUDA targets ({e}); use device='cpu'") from None
+    try:
+        ex: Executor = cuda.open_executor(package, targets, device)
+    except OSError as e:
+        raise IncompatiblePackage(
+            f"cannot use the CUDA driver ({e}): install the NVIDIA driver (libcuda.so.1), or use device='cpu'"
+        ) from None
+    return ex
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output of a self-test run compared with the recorded eager output."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    ok: bool
+    note: str = ""
+
+
+class Model:
+    """A loaded package, ready to run. ``model(x)`` or ``model.run({"x": x})``."""
+
+    def __init__(self, package: Package, executor: Executor, fallback: str | None = None) -> None:
+        self.package = package
+        self.manifest: Manifest = package.manifest
+        self.executor = executor
+        self.fallback = fallback  # why device="auto" did not pick CUDA, when it did not
+        self.inputs: tuple[TensorSpec, ...] = self.manifest.inputs
+        self.outputs: tuple[TensorSpec, ...] = self.manifest.outputs
+        self.symbols: tuple[Symbol, ...] = self.manifest.symbols
+        self._sym = {s.name: s for s in self.symbols}
+
+    def close(self) -> None:
+        """Unload the code and unmap the package now rather than at garbage collection."""
+        self.executor.close()
+        self.package.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def device(self) -> str:
+        return self.executor.device
+
+    @property
+    def target(self) -> str:
+        return self.executor.target
+
+    # -- printing sizes with the user's labels --
+
+    def pretty(self, size: Size) -> str:
+        return self.manifest.pretty(size)
+
+    def describe(self, spec: TensorSpec) -> str:
+        return self.manifest.describe(spec)
+
+    def signature(self) -> str:
+        ins = ", ".join(f"{s.name}: {self.describe(s)}" for s in self.inputs)
+        outs = ", ".join(f"{s.name}: {self.describe(s)}" for s in self.outputs)
+        return f"({ins}) -> ({outs})"
+
+    def __repr__(self) -> str:
+        return f"<aotc.Model {self.manifest.model.name} on {self.target} {self.signature()}>"
+
+    # -- checking inputs --
+
+    def _check_names(self, feeds: Mapping[str, Any]) -> None:
+        names = {s.name for s in self.inputs}
+        for k in feeds:
+            if k not in names:
+                raise InputMismatch(f"unknown input {k!r}; this model takes {self.signature()}")
+        for s in self.inputs:
+            if s.name not in feeds:
+                raise InputMismatch(f"missing input {s.name!r} ({self.describe(s)}); this model takes {self.signature()}")
+
+    def _check_dtype(self, spec: TensorSpec, got: str) -> None:
+        if got != spec.dtype:
+            to = "ml_dtypes.bfloat16" if spec.dtype == "bfloat16" else f"numpy.{spec.dtype}"
+            raise InputMismatch(
+                f"input {spec.name!r}: got dtype {got}, expected {spec.dtype} ({self.describe(spec)}); "
+                f"aotc never casts silently: pass {spec.name}.astype({to})"
+            )
+
+    def bind(self, shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
+        """The symbol values the input shapes imply, after checking every dimension against the package."""
+        env: dict[str, int] = {}
+        origin: dict[str, tuple[str, int]] = {}  # where each symbol was bound
+        for spec, shape in zip(self.inputs, shapes, strict=True):
+            if len(shape) != len(spec.shape):
+                raise InputMismatch(
+                    f"input {spec.name!r}: got rank {len(shape)} (shape {list(shape)}), expected rank "
+                    f"{len(spec.shape)}: {self.describe(spec)}"
+                )
+            for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
+                if isinstance(want, int):
+                    self._check_static(spec, axis, want, got)
+                elif want in self._sym and want in env:
+                    self._check_agrees(spec, axis, self._sym[want], got, (*origin[want], env[want]))
+                elif want in self._sym:
+                    self._check_range(spec, axis, self._sym[want], got)
+                    env[want] = got
+                    origin[want] = (spec.name, axis)
+        # Expressions ("2*s0") once every symbol is bound.
+        for spec, shape in zip(self.inputs, shapes, strict=True):
+            for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
+                if isinstance(want, str) and want not in self._sym:
+                    self._check_expr(spec, axis, want, got, env)
+        return env
+
+    def _check_static(self, spec: TensorSpec, axis: int, want: int, got: int) -> None:
+        if got != want:
+            raise InputMismatch(
+                f"input {spec.name!r} axis {axis}: got size {got}, expected {want} ({self.describe(spec)}); "
+                f"this size is fixed in the package: pass size {want}, or rebuild with "
+                f"--dynamic {spec.name}:{axis}:NAME:MIN:MAX"
+            )
+
+    def _check_agrees(self, spec: TensorSpec, axis: int, sym: Symbol, got: int, bound: tuple[str, int, int]) -> None:
+        """``bound``: the input, axis and value that bound ``sym`` first."""
+        if got != bound[2]:
+            raise InputMismatch(
+                f"input {spec.name!r} axis {axis} ({sym.label}): got {got}, but input {bound[0]!r} axis "
+                f"{bound[1]} has {sym.label}={bound[2]}; inputs must agree on {sym.label}"
+            )
+
+    def _check_range(self, spec: TensorSpec, axis: int, sym: Symbol, got: int) -> None:
+        if got < sym.min or (sym.max is not None and got > sym.max):
+            hi = "inf" if sym.max is None else sym.max
+            raise InputMismatch(
+                f"input {spec.name!r} axis {axis} ({sym.label}): got {sym.label}={got}, outside the range "
+                f"[{sym.min}, {hi}] the package was built for; pass {sym.min} <= {sym.label} <= {hi} "
+                f"(e.g. split the call), or rebuild with --dynamic {spec.name}:{axis}:{sym.label}:MIN:MAX"
+            )
+
+    def _check_expr(self, spec: TensorSpec, axis: int, want: str, got: int, env: Mapping[str, int]) -> None:
+        try:
+            value = evaluate(want, env)
+        except ShapeExprError as e:
+            raise InputMismatch(f"input {spec.name!r} axis {axis}: size {self.pretty(want)}: {e}") from None
+        if got != value:
+            where = ", ".join(f"{self._sym[n].label}={v}" for n, v in env.items())
+            raise InputMismatch(
+                f"input {spec.name!r} axis {axis}: got size {got}, expected {self.pretty(want)} = {value} "
+                f"(with {where}); {self.describe(spec)}"
+            )
+
+    def output_shapes(self, env: Mapping[str, int]) -> list[tuple[int, ...]]:
+        out = []
+        for spec in self.outputs:
+            try:
+                shape = tuple(evaluate(d, env) for d in spec.shape)
+            except ShapeExprError as e:
+                raise InputMismatch(f"output {spec.name!r}: its shape cannot be computed for these inputs: {e}") from None
+            if any(d < 0 for d in shape):
+                raise InputMismatch(f"output {spec.name!r}: these inputs give it a negative size {list(shape)}")
+            out.append(shape)
+        return out
+
+    # -- running --
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Run once; ``feeds`` maps every input name to an array. Returns outputs by name, in order."""
+        self._check_names(feeds)
+        arrays, shapes = [], []
+        for spec in self.inputs:
+            arr, shape, dtype = self.executor.accept(feeds[spec.name], spec)
+            self._check_dtype(spec, dtype)
+            arrays.append(arr)
+            shapes.append(shape)
+        env = self.bind(shapes)
+        outs = self.executor.execute(arrays, env, self.output_shapes(env))
+        return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Inputs by position (manifest order) and/or name; one output, or a tuple of them in order."""
+        if len(args) > len(self.inputs):
+            raise InputMismatch(f"got {len(args)} positional inputs, this model takes {len(self.inputs)}: {self.signature()}")
+        feeds = dict(zip((s.name for s in self.inputs), args, strict=False))
+        for k, v in kwargs.items():
+            if k in feeds:
+                raise InputMismatch(f"input {k!r} given both by position and by name")
+            feeds[k] = v
+        outs = tuple(self.run(feeds).values())
+        return outs[0] if len(outs) == 1 else outs
+
+    # -- self-test --
+
+    def verify(self) -> list[OutputCheck]:
+        """Run the package's self-test inputs and compare with the recorded eager outputs."""
+        st = self.manifest.selftest
+        if st is None:
+            raise UsageError(f"{self.package.path} has no self-test (it was built with --no-selftest)")
+        data = self.package.tensors(st.member)
+        for key in (*st.inputs, *st.outputs):
+            if key not in data:
+                raise PackageCorrupt(f"{self.package.path}: self-test tensor {key!r} is missing from {st.member}")
+        got = self.run({s.name: data[k] for s, k in zip(self.inputs, st.inputs, strict=True)})
+        return [
+            compare(name, self.executor.to_host(got[name]), data[key], st.rtol, st.atol) for name, key in zip(got, st.outputs, strict=True)
+        ]
+
+
+def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> OutputCheck:
+    """``got`` against ``want`` like numpy.allclose (NaN equal to NaN); integers and bools exactly."""
+    if got.shape != want.shape:
+        return OutputCheck(name, float("inf"), float("inf"), False, f"shape {list(got.shape)} != {list(want.shape)}")
+    if got.size == 0:
+        return OutputCheck(name, 0.0, 0.0, True)
+    exact = want.dtype.kind in "biu"
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(g - w)
+        both_nan = np.isnan(g) & np.isnan(w)
+        diff = np.where(both_nan, 0.0, np.where(np.isnan(diff), np.inf, diff))
+        bound = 0.0 if exact else atol + rtol * np.abs(w)
+        ok = bool(np.all(diff <= bound))
+        nonzero = np.abs(w) > 0
+        rel = float(np.max(diff[nonzero] / np.abs(w[nonzero]))) if nonzero.any() else 0.0
+    return OutputCheck(name, float(np.max(diff)), rel, ok)

@@ -1,0 +1,210 @@
+"""Run GPU test cases built by ``build_artifacts.py`` with nothing but numpy, cffi and libcuda.
+
+    python tests/gpu/run_cases.py ARTIFACTS CASE [CASE ...]
+
+Each case runs in its own process (the pytest side starts one per case), because a case that faults on
+purpose leaves CUDA unusable in its process. torch and triton are blocked before anything is imported:
+the run proves the runtime needs neither. Prints one JSON line per case.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+        if name.split(".", maxsplit=1)[0] in ("torch", "triton", "aotc_build"):
+            raise ImportError(f"{name} must not be imported by the aotc runtime")
+
+
+sys.meta_path.insert(0, _Block())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _paths import ensure_importable  # noqa: E402
+
+ensure_importable()
+
+import numpy as np  # noqa: E402
+from aotc import cuda  # noqa: E402
+from aotc.errors import DeviceError, IncompatiblePackage, PackageCorrupt  # noqa: E402
+
+
+def package(case_dir: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The whole user path: aotc.load picks the CUDA target, verify() runs the self-test, then a call."""
+    import aotc
+
+    out: dict[str, Any] = {"checks": []}
+    for device in ("cuda", "auto"):
+        m = aotc.load(case_dir / "model.pkg", device=device)
+        out[f"{device}_target"] = f"{m.device} {m.target}"
+        out["verify"] = [c.ok for c in m.verify()]
+        for i in range(len(meta["trials"])):
+            got = m.run({s.name: arrays[f"in{i}:{s.name}"] for s in m.inputs})
+            for name, g in got.items():
+                c = compare(g, arrays[f"ref{i}:{name}"], meta["rtol"] + 1e-5, meta["atol"] + 1e-5)
+                out["checks"].append(dict(c, trial=i, output=name, device=device))
+        m.close()
+    out["ok"] = all(out["verify"]) and all(c["ok"] for c in out["checks"]) and out["cuda_target"].startswith("cuda:0")
+    return out
+
+
+def load(case_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
+    meta = json.loads((case_dir / "case.json").read_text())
+    raw = json.loads((case_dir / "target.json").read_text()) if meta["kind"] != "package" else {}
+    arrays: dict[str, np.ndarray] = {}
+    if (case_dir / "data.npz").exists():
+        with np.load(case_dir / "data.npz", allow_pickle=False) as z:
+            for k in z.files:
+                a = z[k]
+                if meta["dtypes"][k] == "bfloat16":
+                    import ml_dtypes
+
+                    a = a.view(ml_dtypes.bfloat16)
+                arrays[k] = a
+    return raw, meta, arrays
+
+
+def reader(case_dir: Path):
+    def read(member: str) -> bytes:
+        p = case_dir / member
+        if not p.is_file():
+            raise KeyError(member)
+        return p.read_bytes()
+
+    return read
+
+
+def compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> dict[str, Any]:
+    if tuple(got.shape) != tuple(want.shape):
+        return {"ok": False, "why": f"shape {got.shape} != {want.shape}"}
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    diff = np.abs(g - w)
+    bad = ~(diff <= atol + rtol * np.abs(w))
+    return {"ok": not bad.any(), "max_abs": float(diff.max(initial=0)), "bad": int(bad.sum()),
+            "max_rel": float((diff / np.maximum(np.abs(w), 1e-30)).max(initial=0))}  # fmt: skip
+
+
+def garbage_like(r: np.ndarray) -> np.ndarray:
+    return np.frombuffer(b"\xff" * r.nbytes, r.dtype).reshape(r.shape)
+
+
+def poison(ex: cuda.CudaExecutor) -> None:
+    """Fill the executor's staging memory with NaN-like bytes, so an unwritten output cannot pass."""
+    if ex._io.ptr:
+        ex.drv.check(ex._lib.cuMemsetD8Async(ex._io.ptr, 0xFF, ex._io.size, ex.stream), "cuMemsetD8Async")
+
+
+def run_case(case_dir: Path) -> dict[str, Any]:
+    raw, meta, arrays = load(case_dir)
+    if meta["kind"] == "fault":
+        return fault(raw, case_dir)
+    if meta["kind"] == "package":
+        return package(case_dir, meta, arrays)
+    out: dict[str, Any] = {"checks": []}
+    picked = cuda.pick_target([{"kind": "cpu"}, raw])
+    assert picked is not None and picked["arch"] == raw["arch"]
+    weights = [arrays[f"w:{w['name']}"] for w in raw["weights"]]
+    ex = cuda.CudaExecutor(raw, reader(case_dir), weights)
+    in_names = [t["name"] for t in raw["inputs"]]
+    out_names = [t["name"] for t in raw["outputs"]]
+    order = [0, 1, 0] if len(meta["trials"]) > 1 else [0]
+    for mode in ("plain", "graph", "zero_copy", "device_out"):
+        for i in order:
+            syms = meta["trials"][i]
+            inputs = [arrays[f"in{i}:{n}"] for n in in_names]
+            refs = [arrays[f"ref{i}:{n}"] for n in out_names]
+            poison(ex)
+            if mode in ("plain", "graph"):
+                got = ex.run(inputs, syms, graph=(mode == "graph"))
+            elif mode == "zero_copy":
+                dev_in = [ex.to_device(a) for a in inputs]
+                dev_out = [ex.to_device(garbage_like(r)) for r in refs]
+                res = ex.run(dev_in, syms, outputs=dev_out)
+                assert all(a is b for a, b in zip(res, dev_out, strict=True))
+                got = [d.numpy() for d in dev_out]
+            else:
+                got = [d.numpy() for d in ex.run(inputs, syms, device_outputs=True)]
+            for name, g, r in zip(out_names, got, refs, strict=True):
+                c = compare(g, r, meta["rtol"], meta["atol"])
+                c.update(trial=i, mode=mode, output=name)
+                out["checks"].append(c)
+    out["graph_error"] = ex.graph_error  # programs must capture; a kernel launched with attributes may not
+    out["ok"] = all(c["ok"] for c in out["checks"]) and (ex.graph_error is None or meta["kind"] != "program")
+    if meta.get("compiled"):
+        out["compiled"] = meta["compiled"]
+    ex.close()
+    return out
+
+
+def fault(raw: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    ex = cuda.CudaExecutor(raw, reader(case_dir), [], graphs=False)
+    out: dict[str, Any] = {}
+    try:
+        ex.run([], {})
+        out["first"] = "no error"
+    except DeviceError as e:
+        out["first"] = str(e)
+    try:
+        ex.run([], {})
+        out["second"] = "no error"
+    except DeviceError as e:
+        out["second"] = str(e)
+    out["ok"] = "unusable" in out["first"] and "earlier fault" in out["second"]
+    return out
+
+
+def refusals(art: Path) -> dict[str, Any]:
+    """What the runtime must refuse, on a real driver: other archs, newer drivers, bad cubins, bad dicts."""
+    case_dir = art / "pointwise_permute"
+    raw, _meta, arrays = load(case_dir)
+    weights = [arrays[f"w:{w['name']}"] for w in raw["weights"]]
+    out: dict[str, Any] = {}
+
+    def expect(name: str, exc: type[Exception], fn) -> None:
+        try:
+            fn()
+            out[name] = "no error"
+        except exc as e:
+            out[name] = f"ok: {e}"
+        except Exception as e:  # the wrong type of error is a failure too
+            out[name] = f"wrong {type(e).__name__}: {e}"
+
+    other = dict(raw, arch="sm_80")
+    expect("other_arch", IncompatiblePackage, lambda: cuda.pick_target([other]))
+    newer = dict(raw, min_driver=99000)
+    expect("newer_driver", IncompatiblePackage, lambda: cuda.pick_target([newer]))
+    out["no_cuda_target"] = "ok" if cuda.pick_target([{"kind": "cpu"}]) is None else "returned a target"
+    bad = dict(raw, launches="nope")
+    expect("malformed", PackageCorrupt, lambda: cuda.pick_target([bad]))
+
+    def garbage(member: str) -> bytes:
+        return b"not a cubin" * 10
+
+    expect("bad_cubin", PackageCorrupt, lambda: cuda.CudaExecutor(raw, garbage, weights))
+    expect("missing_member", PackageCorrupt, lambda: cuda.CudaExecutor(raw, {}, weights))
+    out["ok"] = all(v.startswith("ok") for v in out.values())
+    out["device"] = cuda.device_info()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    art = Path(argv[0])
+    for name in argv[1:]:
+        try:
+            res = refusals(art) if name == "refusals" else run_case(art / name)
+        except Exception as e:
+            res = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
+        res["case"] = name
+        res["torch_imported"] = "torch" in sys.modules or "triton" in sys.modules
+        res["ok"] = bool(res.get("ok")) and not res["torch_imported"]
+        print(json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
