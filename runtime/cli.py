@@ -143,7 +143,7 @@ def run(package: Path, inputs: tuple[str, ...], out: Path | None, threads: int |
             feeds[name] = arr
         results = {k: model.executor.to_host(v) for k, v in model.run(feeds).items()}
         if model.fallback:
-            click.echo(f"note: running on {model.target}; CUDA not used: {model.fallback}", err=True)
+            click.echo(f"note: CUDA not used: {model.fallback}", err=True)
         for name, arr in results.items():
             click.echo(f"{name}: {arr.dtype.name}{list(arr.shape)}")
         if out is not None:
@@ -163,6 +163,8 @@ def verify(package: Path, device: str) -> None:
         st = model.manifest.selftest
         checks = model.verify()
         assert st is not None  # verify() refuses packages without one
+        if model.fallback:
+            click.echo(f"note: CUDA not used: {model.fallback}", err=True)
         click.echo(f"self-test on {model.target} (rtol={st.rtol:g}, atol={st.atol:g})")
         for c in checks:
             status = "ok" if c.ok else "FAIL"
