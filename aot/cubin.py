@@ -42,9 +42,7 @@ _SIG_KIND = {"fp32": "f32", "fp64": "f64", "fp16": "f16", "bf16": "bf16", "i1": 
              "i16": "i16", "i32": "i32", "i64": "i64"}  # fmt: skip
 _PTX_BYTES = {"8": 1, "16": 2, "32": 4, "64": 8}
 _ENTRY = re.compile(r"\.(?:visible\s+)?\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
-_PARAM = re.compile(
-    r"\.param\s+(?:\.align\s+\d+\s+)?\.([a-z]+)(\d+)\b[^,\n]*?(\w+)(?:\[(\d+)\])?\s*(?:,|$)", re.M
-)
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.([a-z]+)(\d+)\b[^,\n]*?(\w+)(?:\[(\d+)\])?\s*(?:,|$)", re.M)
 
 
 @dataclass(frozen=True)
@@ -73,9 +71,7 @@ class Compiled:
     def plan_params(self, kinds: list[str]) -> tuple[tuple[str, int], ...]:
         """(kind, bytes) per PTX parameter: ``kinds`` for the launch arguments, then the scratch pointers."""
         extra = ("global_scratch", "profile_scratch")
-        return tuple(
-            zip([*kinds, *extra[: len(self.ptx_params) - self.num_args]], self.ptx_params, strict=True)
-        )
+        return tuple(zip([*kinds, *extra[: len(self.ptx_params) - self.num_args]], self.ptx_params, strict=True))
 
 
 # ---- facts read from the toolchain and its outputs ---------------------------------------------------
@@ -132,9 +128,7 @@ def check_cubin(cubin: bytes, sm: int, ptxas: str, where: str) -> None:
     major = int(ptxas.split(".", maxsplit=1)[0])
     got = (flags >> 8) & 0xFF if major >= 13 else flags & 0xFF
     if got != sm:
-        raise CompileError(
-            f"{where}: the cubin is for sm_{got} (e_flags {flags:#x}, ptxas {ptxas}), not sm_{sm}"
-        )
+        raise CompileError(f"{where}: the cubin is for sm_{got} (e_flags {flags:#x}, ptxas {ptxas}), not sm_{sm}")
 
 
 def elf_sm(cubin: bytes, ptxas: str) -> int:
@@ -280,9 +274,7 @@ def _write_cache(entry: Path, c: Compiled) -> None:
         os.replace(tmp, entry.with_suffix(suffix))
 
 
-def compile_kernel(
-    tk: tg.TritonKernel, sm: int, cache_dir: str | os.PathLike[str], enable_fp_fusion: bool = True
-) -> Compiled:
+def compile_kernel(tk: tg.TritonKernel, sm: int, cache_dir: str | os.PathLike[str], enable_fp_fusion: bool = True) -> Compiled:
     aligned = tuple(p.name for p in tk.params if p.sig.startswith("*"))
     return compile_source(
         tk.source,
@@ -408,9 +400,7 @@ def build_cuda_target(
         precision=options.precision,
     )
     d = t.to_dict()
-    plan.parse(
-        d, f"CUDA target {target.arch} just built"
-    )  # the builder never writes what the runtime refuses
+    plan.parse(d, f"CUDA target {target.arch} just built")  # the builder never writes what the runtime refuses
     return d, members
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import __version__
 from .errors import EXIT_CODES, AotcError, InputMismatch, PackageCorrupt, UsageError, VerifyFailed
+from .model import Model, load
 from .package import Package
 from .schema import ITEMSIZE, CpuTarget, to_dict
 
@@ -99,7 +100,7 @@ def build(
         click.echo(f"wrote {out}{summary}")
 
 
-def _load_input(spec: str, model: Any) -> tuple[str, np.ndarray]:
+def _load_input(spec: str, model: Model) -> tuple[str, np.ndarray]:
     name, sep, file = spec.partition("=")
     if not sep or not name or not file:
         raise UsageError(f"--input {spec!r}: use NAME=FILE.npy")
@@ -125,14 +126,12 @@ def _load_input(spec: str, model: Any) -> tuple[str, np.ndarray]:
     "-o",
     "out",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write outputs to this .npz.",
+    help="Write outputs to this .npz (bfloat16 is stored as raw 2-byte values).",
 )
 @click.option("--threads", type=int, default=None, help="CPU threads (default: OpenMP's).")
 @_device_option
 def run(package: Path, inputs: tuple[str, ...], out: Path | None, threads: int | None, device: str) -> None:
     """Run PACKAGE on .npy inputs; print each output's name, shape and dtype."""
-    from .model import load
-
     with _errors():
         model = load(package, device=device, num_threads=threads)
         feeds: dict[str, np.ndarray] = {}
@@ -156,8 +155,6 @@ def run(package: Path, inputs: tuple[str, ...], out: Path | None, threads: int |
 @_device_option
 def verify(package: Path, device: str) -> None:
     """Run PACKAGE's self-test here and compare with the eager outputs recorded at build time."""
-    from .model import load
-
     with _errors():
         model = load(package, device=device)
         st = model.manifest.selftest

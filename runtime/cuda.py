@@ -264,8 +264,7 @@ class CudaExecutor:
         drv.check(self._lib.cuModuleGetFunction(fn, mod[0], k.name.encode()), "cuModuleGetFunction", k.name)
         if k.shared > self.dev.smem_optin:
             raise IncompatiblePackage(
-                f"kernel {k.name} needs {k.shared} bytes of shared memory; {self.dev.name} allows "
-                f"{self.dev.smem_optin}"
+                f"kernel {k.name} needs {k.shared} bytes of shared memory; {self.dev.name} allows {self.dev.smem_optin}"
             )
         if k.shared > 48 * 1024:
             r = self._lib.cuFuncSetAttribute(fn[0], FUNC_ATTR_MAX_DYNAMIC_SMEM, k.shared)
@@ -288,9 +287,7 @@ class CudaExecutor:
         else:
             arrays = list(weights)
             if len(arrays) != len(specs):
-                raise PackageCorrupt(
-                    f"the CUDA target has {len(specs)} weights, the package gave {len(arrays)}"
-                )
+                raise PackageCorrupt(f"the CUDA target has {len(specs)} weights, the package gave {len(arrays)}")
         offsets, end = [], 0
         for t, a in zip(specs, arrays, strict=True):
             try:
@@ -299,10 +296,7 @@ class CudaExecutor:
                 raise PackageCorrupt(f"weight {t.name}: {e}") from None
             want = np_dtype(t.dtype)
             if a.dtype != want or tuple(a.shape) != shape:
-                raise PackageCorrupt(
-                    f"weight {t.name} is {a.dtype}{list(a.shape)}, the CUDA target expects "
-                    f"{want}{list(shape)}"
-                )
+                raise PackageCorrupt(f"weight {t.name} is {a.dtype}{list(a.shape)}, the CUDA target expects {want}{list(shape)}")
             offsets.append(end)
             end = _up(end + a.nbytes)
         self._weights_mem.ensure(end)
@@ -329,9 +323,7 @@ class CudaExecutor:
                     env[d] = int(v)
         missing = [s for s in self.plan.symbols if s not in env]
         if missing:
-            raise InputMismatch(
-                f"no value for the dynamic dimension(s) {missing}: pass syms={{...}} or inputs that bind them"
-            )
+            raise InputMismatch(f"no value for the dynamic dimension(s) {missing}: pass syms={{...}} or inputs that bind them")
         return tuple(int(env[s]) for s in self.plan.symbols)
 
     def _bind(self, key: tuple[int, ...]) -> _Bound:
@@ -375,9 +367,7 @@ class CudaExecutor:
             if k.global_scratch_size:  # one region serves every launch: they run one after another
                 gs = max(gs, _up(n * k.global_scratch_size, k.global_scratch_align) + k.global_scratch_align)
             if k.profile_scratch_size:
-                ps = max(
-                    ps, _up(n * k.profile_scratch_size, k.profile_scratch_align) + k.profile_scratch_align
-                )
+                ps = max(ps, _up(n * k.profile_scratch_size, k.profile_scratch_align) + k.profile_scratch_align)
             galign = max(galign, k.global_scratch_align)
             palign = max(palign, k.profile_scratch_align)
             calls.append(self._pack(k, launch, (grid[0] * k.num_ctas, grid[1], grid[2]), env))
@@ -391,9 +381,7 @@ class CudaExecutor:
             self._bound.popitem(last=False)
         return b
 
-    def _pack(
-        self, k: plan.Kernel, launch: plan.Launch, grid: tuple[int, int, int], env: dict[str, int]
-    ) -> _Call:
+    def _pack(self, k: plan.Kernel, launch: plan.Launch, grid: tuple[int, int, int], env: dict[str, int]) -> _Call:
         ffi = self._ffi
         n = len(k.params)
         slots = ffi.new("uint64_t[]", max(1, n))
@@ -412,15 +400,11 @@ class CudaExecutor:
                 if kind == "bf16":
                     import ml_dtypes
 
-                    struct.pack_into(
-                        "<H", view, 8 * j, int(np.array(value, ml_dtypes.bfloat16).view(np.uint16))
-                    )
+                    struct.pack_into("<H", view, 8 * j, int(np.array(value, ml_dtypes.bfloat16).view(np.uint16)))
                 else:
                     struct.pack_into(_PACK[kind], view, 8 * j, bool(value) if kind == "i1" else value)
             except (struct.error, OverflowError, TypeError) as e:
-                raise InputMismatch(
-                    f"argument {j} of kernel {k.name} ({a.expr or a.value!r}) does not fit {kind}: {e}"
-                ) from None
+                raise InputMismatch(f"argument {j} of kernel {k.name} ({a.expr or a.value!r}) does not fit {kind}: {e}") from None
         for j in range(k.num_args, n):
             ptr_slots.append((j, "$" + k.params[j][0]))
         call = _Call(k.name, self._funcs[k.name], grid, 32 * k.num_warps, k.shared, slots, argv, ptr_slots)
@@ -484,14 +468,9 @@ class CudaExecutor:
             self.drv.context(self.dev)
             p = self.plan
             if len(inputs) != len(p.inputs):
-                raise InputMismatch(
-                    f"the model takes {len(p.inputs)} inputs ({[t.name for t in p.inputs]}), got "
-                    f"{len(inputs)}"
-                )
+                raise InputMismatch(f"the model takes {len(p.inputs)} inputs ({[t.name for t in p.inputs]}), got {len(inputs)}")
             if outputs is not None and len(outputs) != len(p.outputs):
-                raise InputMismatch(
-                    f"the model has {len(p.outputs)} outputs, got {len(outputs)} output buffers"
-                )
+                raise InputMismatch(f"the model has {len(p.outputs)} outputs, got {len(outputs)} output buffers")
             b = self._bind(self._key(syms, inputs))
             moved = self._arena.ensure(b.arena_bytes) | self._io.ensure(b.io_bytes)
             moved |= self._gscratch.ensure(b.scratch[0]) | self._pscratch.ensure(b.scratch[1])
@@ -522,9 +501,7 @@ class CudaExecutor:
         n_in = len(p.inputs)
         for i, (t, x) in enumerate(zip(p.inputs, inputs, strict=True)):
             staged = self._io.ptr + b.io_offsets[i]
-            dev = device_ptr(
-                self.drv, self.dev.ordinal, stream, x, t=t, shape=b.in_shapes[i], keep=keep, writable=False
-            )
+            dev = device_ptr(self.drv, self.dev.ordinal, stream, x, t=t, shape=b.in_shapes[i], keep=keep, writable=False)
             nbytes = int(np.prod(b.in_shapes[i], dtype=np.int64)) * np_dtype(t.dtype).itemsize
             if dev is None:
                 a = host_array(x, t, b.in_shapes[i])
@@ -552,9 +529,7 @@ class CudaExecutor:
             if outputs is None:
                 continue
             y, shape = outputs[j], b.out_shapes[j]
-            dev = device_ptr(
-                self.drv, self.dev.ordinal, stream, y, t=t, shape=shape, keep=keep, writable=True
-            )
+            dev = device_ptr(self.drv, self.dev.ordinal, stream, y, t=t, shape=shape, keep=keep, writable=True)
             if dev is None:
                 raise InputMismatch(f"output buffer {j} ({t.name}) is not a device array")
             if dev % 16:
@@ -579,9 +554,7 @@ class CudaExecutor:
         lib, stream, null = self._lib, self.stream, self._ffi.NULL
         for c in b.calls:
             if c.config is None:
-                r = lib.cuLaunchKernel(
-                    c.func, c.grid[0], c.grid[1], c.grid[2], c.block, 1, 1, c.shared, stream, c.argv, null
-                )
+                r = lib.cuLaunchKernel(c.func, c.grid[0], c.grid[1], c.grid[2], c.block, 1, 1, c.shared, stream, c.argv, null)
             else:
                 c.config.hStream = stream
                 r = lib.cuLaunchKernelEx(c.config, c.func, c.argv, null)
@@ -657,9 +630,7 @@ class CudaExecutor:
             elif device_outputs:
                 d = DeviceArray.empty(drv, shape, dt)
                 if nbytes:
-                    drv.check(
-                        lib.cuMemcpyDtoDAsync_v2(d.ptr, src, nbytes, stream), "cuMemcpyDtoDAsync (output)"
-                    )
+                    drv.check(lib.cuMemcpyDtoDAsync_v2(d.ptr, src, nbytes, stream), "cuMemcpyDtoDAsync (output)")
                 results.append(d)
             else:
                 a = np.empty(shape, dt)
@@ -689,9 +660,7 @@ class CudaExecutor:
 
     def empty(self, shape: tuple[int, ...], dtype: str | np.dtype) -> DeviceArray:
         self.drv.context(self.dev)
-        return DeviceArray.empty(
-            self.drv, tuple(shape), np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
-        )
+        return DeviceArray.empty(self.drv, tuple(shape), np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype))
 
     def synchronize(self) -> None:
         self.drv.check(self._lib.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
@@ -762,9 +731,7 @@ class ModelExecutor:
             ) from None
         return arr, tuple(arr.shape), dtype_name(arr.dtype) or arr.dtype.str
 
-    def execute(
-        self, inputs: Sequence[Any], env: Mapping[str, int], out_shapes: Sequence[tuple[int, ...]]
-    ) -> list[Any]:
+    def execute(self, inputs: Sequence[Any], env: Mapping[str, int], out_shapes: Sequence[tuple[int, ...]]) -> list[Any]:
         on_host = all(isinstance(x, np.ndarray) for x in inputs)
         return self.ex.run(inputs, env, device_outputs=not on_host)
 

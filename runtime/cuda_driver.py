@@ -217,10 +217,7 @@ class Driver:
 
     def guard(self) -> None:
         if self.broken is not None:
-            raise DeviceError(
-                f"CUDA is unusable in this process after an earlier fault ({self.broken}); restart the "
-                f"process"
-            )
+            raise DeviceError(f"CUDA is unusable in this process after an earlier fault ({self.broken}); restart the process")
 
     # -- devices and contexts
 
@@ -234,9 +231,7 @@ class Driver:
             return self._devices[ordinal]
         count = self.device_count()
         if not 0 <= ordinal < count:
-            raise IncompatiblePackage(
-                f"CUDA device {ordinal} does not exist: this machine has {count} GPU(s)"
-            )
+            raise IncompatiblePackage(f"CUDA device {ordinal} does not exist: this machine has {count} GPU(s)")
         d = self.ffi.new("CUdevice *")
         self.check(self.lib.cuDeviceGet(d, ordinal), "cuDeviceGet")
         name = self.ffi.new("char[256]")
@@ -310,9 +305,7 @@ class DeviceArray:
     """A contiguous device buffer owned by aotc, freed with the object. Exposes ``__cuda_array_interface__``
     (v3), so CuPy, Numba or torch can read it without a copy; ``numpy()`` copies it to the host."""
 
-    def __init__(
-        self, drv: Driver, ptr: int, shape: tuple[int, ...], dtype: np.dtype, owned: bool = True
-    ) -> None:
+    def __init__(self, drv: Driver, ptr: int, shape: tuple[int, ...], dtype: np.dtype, owned: bool = True) -> None:
         self._drv = drv
         self.ptr = ptr
         self.shape = tuple(int(s) for s in shape)

@@ -196,9 +196,7 @@ class _Reader:
     def fail(self, path: str, what: str) -> PackageCorrupt:
         return PackageCorrupt(f"{self.where}: {path}: {what}; rebuild the package with `aotc build`")
 
-    def get(
-        self, d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], path: str, default: Any = ...
-    ) -> Any:
+    def get(self, d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], path: str, default: Any = ...) -> Any:
         if not isinstance(d, Mapping):
             raise self.fail(path, f"expected an object, got {type(d).__name__}")
         if key not in d:
@@ -257,9 +255,7 @@ def parse(raw: Mapping[str, Any], where: str = "manifest cuda target") -> CudaTa
             dt = r.get(t, "dtype", str, p)
             if dt not in DTYPES:
                 raise r.fail(f"{p}.dtype", f"unknown dtype {dt!r}")
-            shape = tuple(
-                r.size(s, f"{p}.shape[{j}]", symbols) for j, s in enumerate(r.get(t, "shape", list, p))
-            )
+            shape = tuple(r.size(s, f"{p}.shape[{j}]", symbols) for j, s in enumerate(r.get(t, "shape", list, p)))
             out.append(Tensor(r.get(t, "name", str, p), dt, shape))
         return tuple(out)
 
@@ -283,9 +279,7 @@ def parse(raw: Mapping[str, Any], where: str = "manifest cuda target") -> CudaTa
             kind = r.get(q, "kind", str, f"{p}.params[{j}]")
             nbytes = r.get(q, "bytes", int, f"{p}.params[{j}]")
             if kind not in PARAM_BYTES or PARAM_BYTES[kind] != nbytes:
-                raise r.fail(
-                    f"{p}.params[{j}]", f"kind {kind!r} with {nbytes} bytes is not a known parameter"
-                )
+                raise r.fail(f"{p}.params[{j}]", f"kind {kind!r} with {nbytes} bytes is not a known parameter")
             params.append((kind, nbytes))
         cd = r.get(k, "cluster_dims", list, p, [1, 1, 1])
         if len(cd) != 3 or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in cd):

@@ -75,7 +75,13 @@ def load(path: str | Path, device: str = "auto", num_threads: int | None = None)
             fallback = str(e)
     from .cpu import CpuExecutor, select_target
 
-    return Model(package, CpuExecutor(package, select_target(m.cpu_targets), num_threads=num_threads), fallback)
+    try:
+        target = select_target(m.cpu_targets)
+    except IncompatiblePackage as e:
+        if fallback is None:
+            raise
+        raise IncompatiblePackage(f"{e}; and the CUDA targets cannot run either: {fallback}") from None
+    return Model(package, CpuExecutor(package, target, num_threads=num_threads), fallback)
 
 
 def _open_cuda(package: Package, device: str) -> Executor:

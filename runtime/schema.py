@@ -209,6 +209,10 @@ def _target(t: Target) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _selftest(st: SelfTest) -> dict[str, Any]:
+    return {"member": st.member, "inputs": list(st.inputs), "outputs": list(st.outputs), "rtol": st.rtol, "atol": st.atol}
+
+
 def to_dict(m: Manifest) -> dict[str, Any]:
     st = m.selftest
     return {
@@ -222,15 +226,7 @@ def to_dict(m: Manifest) -> dict[str, Any]:
         "weights": {"member": m.weights.member, "tensors": [_tensor(t) for t in m.weights.tensors]},
         "targets": [_target(t) for t in m.targets],
         "members": {p: {"sha256": v.sha256, "size": v.size} for p, v in m.members.items()},
-        "selftest": None
-        if st is None
-        else {
-            "member": st.member,
-            "inputs": list(st.inputs),
-            "outputs": list(st.outputs),
-            "rtol": st.rtol,
-            "atol": st.atol,
-        },  # fmt: skip
+        "selftest": None if st is None else _selftest(st),
     }
 
 

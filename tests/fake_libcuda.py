@@ -117,9 +117,7 @@ class FakeLib:
         if r:
             return r
         h = self._handle("CUmodule")
-        self.images[int(self.ffi.cast("uintptr_t", h))] = bytes(
-            self.ffi.buffer(self.ffi.cast("char *", image), 64)
-        )
+        self.images[int(self.ffi.cast("uintptr_t", h))] = bytes(self.ffi.buffer(self.ffi.cast("char *", image), 64))
         p[0] = h
         return 0
 
@@ -128,9 +126,7 @@ class FakeLib:
 
     def cuModuleGetFunction(self, p: Any, mod: Any, name: Any) -> int:
         h = self._handle("CUfunction")
-        self.funcs[int(self.ffi.cast("uintptr_t", h))] = (
-            name if isinstance(name, bytes) else self.ffi.string(name)
-        ).decode()
+        self.funcs[int(self.ffi.cast("uintptr_t", h))] = (name if isinstance(name, bytes) else self.ffi.string(name)).decode()
         p[0] = h
         return 0
 
@@ -196,9 +192,7 @@ class FakeLib:
     def cuStreamSynchronize(self, s: Any) -> int:
         return self._f("cuStreamSynchronize")
 
-    def _launch(
-        self, f: Any, grid: tuple[int, int, int], *, block: int, shared: int, argv: Any, ex: bool
-    ) -> int:
+    def _launch(self, f: Any, grid: tuple[int, int, int], *, block: int, shared: int, argv: Any, ex: bool) -> int:
         name = self.funcs[self._addr(f)]
         kinds = self.params[name]
         argp = self.ffi.cast("void **", argv)

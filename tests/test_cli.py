@@ -10,12 +10,12 @@ from pathlib import Path
 import click
 import numpy as np
 import pytest
+from affine_pkg import affine_manifest, reference
 from aotc import cli as cli_mod
 from aotc import errors
 from aotc.cli import cli
 from aotc.schema import to_dict
 from click.testing import CliRunner
-from conftest import reference
 from test_package import flip, write_raw
 
 
@@ -89,7 +89,7 @@ def test_corrupt_and_incompatible_exit_codes(make_package, tmp_path: Path) -> No
     flip(pkg, "cpu/x86-64-v2/model.so")
     r = invoke("run", pkg)
     assert r.exit_code == errors.PackageCorrupt.exit_code and "sha256" in r.stderr
-    d = to_dict(__import__("conftest").affine_manifest())
+    d = to_dict(affine_manifest())
     d["format_version"] = 2
     r = invoke("verify", write_raw(tmp_path / "v2.pkg", d, {}))
     assert r.exit_code == errors.IncompatiblePackage.exit_code and "upgrade the runtime" in r.stderr

@@ -346,10 +346,7 @@ def test_program_through_executor(fake: FakeLib, name: str, tmp_path: Path) -> N
         interp_launches(fake, case, raw, env)
         inputs = []
         for x in t.inputs:
-            shape = tuple(
-                int(kernel_interp._int(programs.sympy.sympify(d), env))
-                for d in case.prog.buffer(x.name).shape
-            )
+            shape = tuple(int(kernel_interp._int(programs.sympy.sympify(d), env)) for d in case.prog.buffer(x.name).shape)
             hi = case.int_inputs.get(x.name)
             a = rng.integers(0, hi, shape) if hi else rng.standard_normal(shape)
             inputs.append(a.astype(cuda.np_dtype(x.dtype)))

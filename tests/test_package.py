@@ -13,6 +13,7 @@ import aotc.package as rpkg
 import aotc_build.package as wpkg
 import numpy as np
 import pytest
+from affine_pkg import B, W, affine_manifest
 from aotc.errors import IncompatiblePackage, PackageCorrupt, UsageError
 from aotc.package import ALIGN, Package, read_entries
 from aotc.schema import (
@@ -24,7 +25,6 @@ from aotc.schema import (
     to_dict,
     to_json,
 )
-from conftest import B, W, affine_manifest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import aotc
 import numpy as np
 import pytest
+from affine_pkg import INCLUDE, reference
 from aotc import cpu
 from aotc.cpu_features import LEVEL_FEATURES, cpu_flags, cpu_level
 from aotc.errors import DeviceError, IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
 from aotc.schema import CpuTarget, CudaTargetRaw, TensorSpec
-from conftest import INCLUDE, reference
 from test_package import flip
 
 
@@ -261,6 +261,9 @@ def test_cuda_requests(make_package, monkeypatch: pytest.MonkeyPatch) -> None:
         aotc.load(path, device="cuda")
     model = aotc.load(path)  # auto: falls back to the CPU target and says why
     assert model.device == "cpu" and "cannot run CUDA targets" in (model.fallback or "")
+    monkeypatch.setattr(cpu, "cpu_flags", frozenset)  # a CPU with no flags at all
+    with pytest.raises(IncompatiblePackage, match="no CPU target .* and the CUDA targets cannot run either"):
+        aotc.load(path)
 
 
 def test_cuda_handoff(make_package, monkeypatch: pytest.MonkeyPatch) -> None:

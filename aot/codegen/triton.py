@@ -51,22 +51,23 @@ HEADER = "import triton\nimport triton.language as tl\nfrom triton.language.extr
 
 
 # ---- op tables: one op → one short function --------------------------------------------------------
+# tl.log/sin/cos/erf lower to libdevice's accurate forms; tanh and pow have no tl op, so they call libdevice.
 
 UNARY: dict[Op, Callable[[str], str]] = {
     Op.NEG: lambda x: f"(-{x})",
     Op.ABS: lambda x: f"tl.abs({x})",
     Op.EXP: lambda x: f"tl.exp({x})",
-    Op.LOG: lambda x: f"libdevice.log({x})",
-    Op.SQRT: lambda x: f"libdevice.sqrt({x})",
-    Op.RSQRT: lambda x: f"libdevice.rsqrt({x})",
+    Op.LOG: lambda x: f"tl.log({x})",
+    Op.SQRT: lambda x: f"tl.sqrt_rn({x})",
+    Op.RSQRT: lambda x: f"tl.rsqrt({x})",
     Op.TANH: lambda x: f"libdevice.tanh({x})",
     Op.SIGMOID: lambda x: f"tl.sigmoid({x})",
-    Op.ERF: lambda x: f"libdevice.erf({x})",
-    Op.SIN: lambda x: f"libdevice.sin({x})",
-    Op.COS: lambda x: f"libdevice.cos({x})",
+    Op.ERF: lambda x: f"tl.math.erf({x})",
+    Op.SIN: lambda x: f"tl.sin({x})",
+    Op.COS: lambda x: f"tl.cos({x})",
     Op.RELU: lambda x: f"tl.where({x} < 0, 0, {x})",  # keeps NaN, like torch.relu
     Op.RECIP: lambda x: f"(1.0 / {x})",
-    Op.FLOOR: lambda x: f"libdevice.floor({x})",
+    Op.FLOOR: lambda x: f"tl.floor({x})",
     Op.NOT: lambda x: f"({x} == 0)",
 }
 
@@ -75,7 +76,7 @@ BINARY: dict[Op, Callable[[str, str], str]] = {
     Op.SUB: lambda a, b: f"({a} - {b})",
     Op.MUL: lambda a, b: f"({a} * {b})",
     Op.DIV: lambda a, b: f"tl.div_rn({a}, {b})",
-    Op.MOD: lambda a, b: f"({a} - {b} * libdevice.floor({a} / {b}))",
+    Op.MOD: lambda a, b: f"({a} - {b} * tl.floor({a} / {b}))",
     Op.MAX: lambda a, b: f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
     Op.MIN: lambda a, b: f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
     Op.POW: lambda a, b: f"libdevice.pow({a}, {b})",
@@ -91,12 +92,8 @@ BINARY: dict[Op, Callable[[str, str], str]] = {
 
 # Integer forms where the float form above does not apply (IR: DIV floors, MOD is Python's).
 INT_BINARY: dict[Op, Callable[[str, str], str]] = {
-    Op.DIV: lambda a, b: (
-        f"tl.where((({a} % {b}) != 0) & (({a} < 0) != ({b} < 0)), {a} // {b} - 1, {a} // {b})"
-    ),
-    Op.MOD: lambda a, b: (
-        f"tl.where((({a} % {b}) != 0) & (({a} < 0) != ({b} < 0)), {a} % {b} + {b}, {a} % {b})"
-    ),
+    Op.DIV: lambda a, b: f"tl.where((({a} % {b}) != 0) & (({a} < 0) != ({b} < 0)), {a} // {b} - 1, {a} // {b})",
+    Op.MOD: lambda a, b: f"tl.where((({a} % {b}) != 0) & (({a} < 0) != ({b} < 0)), {a} % {b} + {b}, {a} % {b})",
     Op.MAX: lambda a, b: f"tl.maximum({a}, {b})",
     Op.MIN: lambda a, b: f"tl.minimum({a}, {b})",
 }
@@ -348,9 +345,7 @@ class Gen:
             return f"tl.where({c}, {a}, {b})", ca | aa | ba
         if isinstance(v, K.Masked):
             m, ma = self.value(v.mask, mask)
-            inner = self.tmp(
-                f"{mask} & {m}" if mask else m, (self.axes.get(mask, NO_AXES) if mask else NO_AXES) | ma
-            )
+            inner = self.tmp(f"{mask} & {m}" if mask else m, (self.axes.get(mask, NO_AXES) if mask else NO_AXES) | ma)
             body, ba = self.value(v.body, inner)
             return f"tl.where({m}, {body}, {literal(v.other, v.dtype)})", ma | ba
         if isinstance(v, K.Acc):

@@ -137,9 +137,7 @@ def conv(prog: K.Program, k: K.Conv, index_i64: bool, options: BuildOptions, sm:
     if k.x.dtype is not k.w.dtype:
         raise CompileError(f"conv {k.name!r}: operand types differ ({k.x.dtype.value}, {k.w.dtype.value})")
     if k.c_in % k.groups or k.c_out % k.groups:
-        raise CompileError(
-            f"conv {k.name!r}: channels {k.c_in}->{k.c_out} do not split into {k.groups} groups"
-        )
+        raise CompileError(f"conv {k.name!r}: channels {k.c_in}->{k.c_out} do not split into {k.groups} groups")
     cpg, opg = k.c_in // k.groups, k.c_out // k.groups
     kh, kw = k.kernel
     ktot = cpg * kh * kw
@@ -185,10 +183,7 @@ def conv(prog: K.Program, k: K.Conv, index_i64: bool, options: BuildOptions, sm:
         w.line(f"kw_ = rk % {kw}")
         w.line(f"hi = oh_[:, None] * {sh} - {ph} + kh_[None, :] * {dh}")
         w.line(f"wi = ow_[:, None] * {sw} - {pw_} + kw_[None, :] * {dw}")
-        w.line(
-            f"amask = (rm[:, None] < {m}) & (rk[None, :] < {ktot})"
-            f" & (hi >= 0) & (hi < {h}) & (wi >= 0) & (wi < {wd})"
-        )
+        w.line(f"amask = (rm[:, None] < {m}) & (rk[None, :] < {ktot}) & (hi >= 0) & (hi < {h}) & (wi >= 0) & (wi < {wd})")
         w.line(
             f"a = tl.load({px} + {x_off} + n_[:, None] * {xs[0]} + (grp * {cpg} + c_[None, :]) * {xs[1]}"
             f" + hi * {xs[2]} + wi * {xs[3]}, mask=amask, other=0)"

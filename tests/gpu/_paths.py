@@ -27,3 +27,13 @@ def ensure_importable(builder: bool = False) -> None:
         if not link.exists():
             link.symlink_to(ROOT / folder)
     sys.path.insert(0, str(shim))
+
+
+def gpu_unavailable() -> str | None:
+    """None when this process can run CUDA targets, else why not (for ``pytest.mark.skipif``)."""
+    ensure_importable()
+    try:
+        from aotc import cuda
+    except ImportError as e:
+        return f"aotc.cuda does not import ({e})"
+    return None if cuda.available() else "no NVIDIA GPU with libcuda.so.1 here"

@@ -364,6 +364,77 @@ def two_kernels_arena() -> Case:
     )
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    import math
+
+    return np.vectorize(math.erf)(x.astype(np.float64))
+
+
+FLOAT_UNARY: list[tuple[Op, Callable[[np.ndarray], np.ndarray]]] = [
+    (Op.NEG, np.negative), (Op.ABS, np.abs), (Op.EXP, np.exp), (Op.LOG, np.log), (Op.SQRT, np.sqrt),
+    (Op.RSQRT, lambda a: 1 / np.sqrt(a)), (Op.TANH, np.tanh), (Op.SIGMOID, lambda a: 1 / (1 + np.exp(-a))),
+    (Op.ERF, _erf), (Op.SIN, np.sin), (Op.COS, np.cos), (Op.RELU, lambda a: np.maximum(a, 0)),
+    (Op.RECIP, lambda a: 1 / a), (Op.FLOOR, np.floor),
+]  # fmt: skip
+FLOAT_BINARY: list[tuple[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]]] = [
+    (Op.ADD, np.add), (Op.SUB, np.subtract), (Op.MUL, np.multiply), (Op.DIV, np.divide),
+    (Op.MOD, lambda a, b: a - b * np.floor(a / b)), (Op.MAX, np.maximum), (Op.MIN, np.minimum), (Op.POW, np.power),
+]  # fmt: skip
+
+
+def elementwise_ops() -> Case:
+    """Every float unary and binary op of the IR, one slice of the output each (x > 0 keeps logs defined)."""
+    n = 64
+    ops = len(FLOAT_UNARY) + len(FLOAT_BINARY)
+    x = buf("x", F32, (S0, n), "input")
+    z = buf("z", F32, (S0, n), "input")
+    y = buf("y", F32, (ops, S0, n), "output")
+    xv = bin_(Op.ADD, un(Op.ABS, ld("x", i0 * n + i1)), c(0.25))  # in [0.25, ...)
+    zv = ld("z", i0 * n + i1)
+    stores = []
+    for k, (op, _) in enumerate(FLOAT_UNARY):
+        arg = xv if op in (Op.LOG, Op.SQRT, Op.RSQRT) else zv
+        stores.append(K.Store("y", k * S0 * n + i0 * n + i1, un(op, arg)))
+    for k, (op, _) in enumerate(FLOAT_BINARY, start=len(FLOAT_UNARY)):
+        v = bin_(op, xv, c(1.5)) if op is Op.POW else bin_(op, zv, xv)
+        stores.append(K.Store("y", k * S0 * n + i0 * n + i1, v))
+    prog = program([sym()], [x, z], [y], [], [K.Pointwise("elementwise", (S0, n), tuple(stores))])
+
+    def ref(inp, wt):
+        xa, za = np.abs(inp["x"].astype(np.float64)) + 0.25, inp["z"].astype(np.float64)
+        out = [f(xa if op in (Op.LOG, Op.SQRT, Op.RSQRT) else za) for op, f in FLOAT_UNARY]
+        out += [f(xa, 1.5) if op is Op.POW else f(za, xa) for op, f in FLOAT_BINARY]
+        return {"y": np.stack(out)}
+
+    return Case("elementwise_ops", prog, ref, [{"s0": 3}, {"s0": 20}], rtol=2e-6, atol=1e-6)
+
+
+def integer_ops() -> Case:
+    """Python semantics of integer DIV and MOD (floor), comparisons into bool, casts to and from float."""
+    i64 = DType.i64
+    a = buf("a", i64, (S0,), "input")
+    b = buf("b", i64, (S0,), "input")
+    y = buf("y", i64, (6, S0), "output")
+    q = buf("q", DType.bool, (S0,), "output")
+    f = buf("f", F32, (S0,), "output")
+    av = bin_(Op.SUB, ld("a", i0, i64), c(20, i64))  # [-20, 20)
+    bv = bin_(Op.ADD, ld("b", i0, i64), c(1, i64))  # [1, 10]
+    nb = un(Op.NEG, bv)
+    vals = [bin_(Op.DIV, av, bv), bin_(Op.MOD, av, bv), bin_(Op.DIV, av, nb), bin_(Op.MOD, av, nb),
+            bin_(Op.MAX, av, nb), un(Op.CAST, un(Op.CAST, bin_(Op.MUL, av, c(3, i64)), F32), i64)]  # fmt: skip
+    stores = [K.Store("y", k * S0 + i0, v) for k, v in enumerate(vals)]
+    stores.append(K.Store("q", i0, bin_(Op.OR, bin_(Op.LT, av, nb), bin_(Op.EQ, av, c(0, i64)))))
+    stores.append(K.Store("f", i0, un(Op.CAST, bin_(Op.DIV, av, bv), F32)))
+    prog = program([sym()], [a, b], [y, q, f], [], [K.Pointwise("int_ops", (S0,), tuple(stores))])
+
+    def ref(inp, wt):
+        av, bv = inp["a"] - 20, inp["b"] + 1
+        return {"y": np.stack([av // bv, av % bv, av // -bv, av % -bv, np.maximum(av, -bv), av * 3]),
+                "q": (av < -bv) | (av == 0), "f": (av // bv).astype(np.float32)}  # fmt: skip
+
+    return Case("integer_ops", prog, ref, [{"s0": 7}, {"s0": 300}], rtol=0, atol=0, int_inputs={"a": 40, "b": 10})
+
+
 CASES: list[Callable[[], Case]] = [
     pointwise_permute,
     masked_pad,
@@ -379,6 +450,8 @@ CASES: list[Callable[[], Case]] = [
     cumsum,
     cumsum_long,
     two_kernels_arena,
+    elementwise_ops,
+    integer_ops,
 ]
 
 

@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _paths import gpu_unavailable
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 ART = Path(os.environ.get("AOTC_GPU_ARTIFACTS", ROOT / ".aotc-cache" / "gpu"))
@@ -33,7 +36,8 @@ LAUNCH_ABI = [f"scale_{k}" for k in ("f16", "bf16", "f32", "f64", "i1", "i8", "i
 LAUNCH_ABI += ["ex_cluster", "ex_pdl", "ex_coop", "tma_scratch", "fault", "refusals"]
 PACKAGES = ["pkg_linear_relu", "pkg_two_kernels_arena", "pkg_layer_norm"]
 
-pytestmark = pytest.mark.gpu
+NO_GPU = gpu_unavailable()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))]
 
 
 def _run_one(name: str) -> dict[str, Any]:

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _paths import gpu_unavailable
 from aotc.errors import InputMismatch
 
-pytestmark = pytest.mark.gpu
+NO_GPU = gpu_unavailable()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))]
 ROOT = Path(__file__).resolve().parents[2]
 ART = Path(os.environ.get("AOTC_GPU_ARTIFACTS", ROOT / ".aotc-cache" / "gpu"))
 
