@@ -846,5 +846,5 @@ def _check_supported(gm: torch.fx.GraphModule) -> None:
         lines = [f"  {op} (x{k}), first at {first[op] or 'an unknown source line'}" for op, k in sorted(missing.items())]
         raise UnsupportedOp(
             "the model uses ops aotc cannot lower yet:\n" + "\n".join(lines)
-            + "\n  fix: rewrite those lines with supported ops (see `docs/ops.md`), or file an issue naming the op"
+            + "\n  fix: rewrite those lines with supported ops (see docs/ops.md), or file an issue naming the op"
         )  # fmt: skip

@@ -119,3 +119,9 @@ def test_missing_entry_is_a_usage_error(tmp_path: Path) -> None:
     src.write_text("x = 1\n")
     with pytest.raises(UsageError, match="get_model"):
         capture(src)
+
+
+def test_ops_doc_is_current() -> None:
+    from aotc_build.ops_doc import render
+
+    assert (ROOT / "docs" / "ops.md").read_text() == render(), "regenerate: python -m aotc_build.ops_doc > docs/ops.md"
