@@ -328,12 +328,18 @@ def arena_layout(prog: K.Program) -> tuple[tuple[tuple[str, Any], ...], Any]:
 
 
 def build_cuda_target(
-    prog: K.Program, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str]
+    prog: K.Program, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str] | None
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Every kernel of ``prog`` as a cubin for ``target`` (``cuda:sm_NN``): the manifest's target dict and
-    the package members it names (``cuda/sm_NN/<kernel>.cubin`` and the Triton source beside it)."""
+    the package members it names (``cuda/sm_NN/<kernel>.cubin`` and the Triton source beside it).
+
+    ``cache_dir``: the content-addressed cubin cache (None: a throwaway folder, nothing reused).
+    ``options.extra`` may hold ("cuda_fp_fusion", "0") to build without FMA contraction."""
     if target.kind != "cuda":
         raise CompileError(f"build_cuda_target needs a cuda target, got {target}")
+    if cache_dir is None:
+        with tempfile.TemporaryDirectory(prefix="aotc-cubins-") as tmp:
+            return build_cuda_target(prog, target, options, tmp)
     sm = target.sm
     fp_fusion = dict(options.extra).get("cuda_fp_fusion", "1") != "0"
     taken: set[str] = set()

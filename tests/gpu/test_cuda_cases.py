@@ -30,7 +30,7 @@ ART = Path(os.environ.get("AOTC_GPU_ARTIFACTS", ROOT / ".aotc-cache" / "gpu"))
 PROGRAMS = [
     "pointwise_permute", "masked_pad", "gather", "softmax", "softmax_long", "layer_norm", "linear_relu",
     "linear_relu_bf16", "batched_matmul", "conv3x3", "conv_grouped", "cumsum", "cumsum_long",
-    "two_kernels_arena",
+    "two_kernels_arena", "elementwise_ops", "integer_ops",
 ]  # fmt: skip
 LAUNCH_ABI = [f"scale_{k}" for k in ("f16", "bf16", "f32", "f64", "i1", "i8", "i32", "i64")]
 LAUNCH_ABI += ["ex_cluster", "ex_pdl", "ex_coop", "tma_scratch", "fault", "refusals"]

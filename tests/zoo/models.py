@@ -64,3 +64,65 @@ def dynamic_shapes(z: ZooModel) -> tuple:
     if z.text:
         dims[1] = torch.export.Dim("seq", min=2, max=64)
     return (dims,)
+
+
+# ---- real sizes, for the GPU run (benchmarks/gpu_zoo.py) ---------------------------------------------
+
+
+def _tv(name: str) -> Callable[[], nn.Module]:
+    def make() -> nn.Module:
+        import torchvision
+
+        return getattr(torchvision.models, name)()
+
+    return make
+
+
+class Plain(nn.Module):
+    """torchvision models return tensors already; same wrapper shape as FirstOutput."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+@dataclass(frozen=True)
+class RealModel:
+    name: str
+    make: Callable[[], nn.Module]
+    text: bool
+    shapes: tuple[tuple[int, int], ...]  # (batch, seq) for text; (batch, image size) for images
+    torchvision: bool = False
+
+
+REAL = [
+    RealModel("resnet50", _tv("resnet50"), False, ((8, 224), (2, 224)), torchvision=True),
+    RealModel("vit_b_16", _tv("vit_b_16"), False, ((8, 224), (2, 224)), torchvision=True),
+    RealModel("mobilenet_v3_large", _tv("mobilenet_v3_large"), False, ((8, 224), (2, 224)), torchvision=True),
+    RealModel("convnext_tiny", _tv("convnext_tiny"), False, ((8, 224), (2, 224)), torchvision=True),
+    RealModel("bert_base", lambda: _t().BertModel(_t().BertConfig()), True, ((8, 128), (2, 64))),
+    RealModel("gpt2_small", lambda: _t().GPT2Model(_t().GPT2Config()), True, ((1, 256), (4, 64))),
+    RealModel("t5_small_encoder", lambda: _t().T5EncoderModel(_t().T5Config()), True, ((8, 128), (2, 64))),
+    RealModel("llama_4l_1024", lambda: _t().LlamaModel(_t().LlamaConfig(hidden_size=1024, num_hidden_layers=4,
+              num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816)), True, ((4, 128), (1, 64))),  # fmt: skip
+]
+
+
+def real_module(m: RealModel) -> nn.Module:
+    return (Plain if m.torchvision else FirstOutput)(m.make().eval())
+
+
+def real_inputs(m: RealModel, batch: int, size: int) -> tuple[torch.Tensor, ...]:
+    if m.text:
+        return (torch.randint(0, 1000, (batch, size)),)
+    return (torch.randn(batch, 3, size, size),)
+
+
+def real_dynamic(m: RealModel) -> tuple:
+    dims = {0: torch.export.Dim("batch", min=1, max=32)}
+    if m.text:
+        dims[1] = torch.export.Dim("seq", min=2, max=512)
+    return (dims,)
