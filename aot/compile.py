@@ -114,22 +114,13 @@ def _readelf(flag: str, path: Path) -> str:
 def _linkage(path: Path) -> tuple[tuple[str, ...], str]:
     """DT_NEEDED entries and the newest GLIBC_ symbol version of an ELF shared object (via readelf;
     empty when binutils is missing)."""
-    needed = tuple(
-        line.split("[", 1)[1].split("]", 1)[0]
-        for line in _readelf("-d", path).splitlines()
-        if "(NEEDED)" in line
-    )
-    versions = {
-        tuple(int(p) for p in v.split("."))
-        for v in re.findall(r"GLIBC_(\d+(?:\.\d+)+)", _readelf("-V", path))
-    }
+    needed = tuple(line.split("[", 1)[1].split("]", 1)[0] for line in _readelf("-d", path).splitlines() if "(NEEDED)" in line)
+    versions = {tuple(int(p) for p in v.split(".")) for v in re.findall(r"GLIBC_(\d+(?:\.\d+)+)", _readelf("-V", path))}
     glibc = ".".join(map(str, max(versions))) if versions else ""
     return needed, glibc
 
 
-def compile_cpp(
-    source: str, target: Target, options: BuildOptions, cache_dir: Path | None = None
-) -> CompiledLibrary:
+def compile_cpp(source: str, target: Target, options: BuildOptions, cache_dir: Path | None = None) -> CompiledLibrary:
     """Compile one generated translation unit into a shared library for ``target``.
 
     With ``cache_dir``, a library built before from the same source, flags, compiler and templates is

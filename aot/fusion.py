@@ -14,6 +14,7 @@ logged with its reason (``Fusion.log``), like Inductor's fusion logs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import sympy
@@ -67,6 +68,7 @@ def _is_one(d: Dim) -> bool:
     return isinstance(d, int) and d == 1
 
 
+@functools.lru_cache(maxsize=65536)
 def _groups(src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> list[tuple[list[int], list[int]]] | None:
     """Pair runs of non-unit dims of ``src`` and ``dst`` whose sizes multiply to the same value."""
     old = [k for k, d in enumerate(src) if not _is_one(d)]
@@ -113,6 +115,7 @@ def view_strides(shape: tuple[Dim, ...], strides: tuple[sympy.Expr, ...], new: t
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=65536)
 def _num(d: Dim) -> float:
     """A size to compare magnitudes when growing view groups; symbols count as large."""
     if isinstance(d, int):
@@ -236,6 +239,7 @@ class _Build:
     steps: list[K.Reduction] = field(default_factory=list)
     step_memo: dict[tuple[Node, Idx], int] = field(default_factory=dict)
     region: set[Node] = field(default_factory=set)
+    memo: dict[tuple[int, Idx], K.Value] = field(default_factory=dict)
 
     def load(self, node: Node, idx: Idx) -> K.Value | None:
         view = self.fusion.strided(node)
@@ -248,12 +252,17 @@ class _Build:
     def value(self, node: Node, idx: Idx) -> K.Value:
         if node is self.library:
             return self.acc(node, idx)
+        key = (node.id, idx)
+        if key in self.memo:  # a DAG, not a tree: shared producers are built once per position
+            return self.memo[key]
         if node is not self.root:
             ld = self.load(node, idx)
             if ld is not None:
+                self.memo[key] = ld
                 return ld
         self.region.add(node)
-        return self.define(node, idx)
+        out = self.memo[key] = self.define(node, idx)
+        return out
 
     def acc(self, node: Node, idx: Idx) -> K.Value:
         if len(idx) != len(self.library_vars) or any(

@@ -224,8 +224,7 @@ def _evaluate(v: K.Value, ctx: _Ctx, masked: bool) -> Array:
             idx = np.clip(idx, 0, max(buf.size - 1, 0))
         elif idx.size and (idx.min() < 0 or idx.max() >= buf.size):
             raise IndexError(
-                f"kernel {ctx.kernel}: load from {v.buf} at index {int(idx.min())}..{int(idx.max())}, "
-                f"outside its {buf.size} elements"
+                f"kernel {ctx.kernel}: load from {v.buf} at index {int(idx.min())}..{int(idx.max())}, outside its {buf.size} elements"
             )
         return buf[idx].astype(cdt) if buf.size else np.zeros(idx.shape, cdt)
     if isinstance(v, K.Unary):
@@ -363,9 +362,7 @@ def _conv(k: K.Conv, bufs: dict[str, Array], syms: Mapping[str, int]) -> None:
     kh, kw = k.kernel
     (sh, sw), (ph, pw), (dh, dw) = k.stride, k.padding, k.dilation
     ar = np.arange
-    x = _gather(
-        k.x, bufs, syms, [ar(n).reshape(-1, 1, 1, 1), ar(c).reshape(-1, 1, 1), ar(h).reshape(-1, 1), ar(w)]
-    )
+    x = _gather(k.x, bufs, syms, [ar(n).reshape(-1, 1, 1, 1), ar(c).reshape(-1, 1, 1), ar(h).reshape(-1, 1), ar(w)])
     wt = _gather(k.w, bufs, syms, [ar(o).reshape(-1, 1, 1, 1), ar(c // g).reshape(-1, 1, 1),
                                     ar(kh).reshape(-1, 1), ar(kw)])  # fmt: skip
     acc_dt = _acc_dtype(k.x.dtype, k.w.dtype)
@@ -379,9 +376,7 @@ def _conv(k: K.Conv, bufs: dict[str, Array], syms: Mapping[str, int]) -> None:
             win = xg[:, :, :, a * dh : a * dh + sh * oh : sh, b * dw : b * dw + sw * ow : sw]
             acc += np.einsum("ngchw,goc->ngohw", win, wg[:, :, :, a, b])
     shape = (n, o, oh, ow)
-    ctx = _Ctx(
-        k.name, {**syms, **_grids(["i0", "i1", "i2", "i3"], list(shape))}, bufs, acc=acc.reshape(shape)
-    )
+    ctx = _Ctx(k.name, {**syms, **_grids(["i0", "i1", "i2", "i3"], list(shape))}, bufs, acc=acc.reshape(shape))
     for st in k.stores:
         _store(ctx, st, shape)
 
@@ -422,17 +417,14 @@ def _alloc(b: K.Buffer, env: Mapping[str, int]) -> Array:
     return np.zeros(n, dtype=dt)
 
 
-def run_program(
-    prog: K.Program, inputs: list[Array], weights: list[Array], env: dict[str, int]
-) -> list[Array]:
+def run_program(prog: K.Program, inputs: list[Array], weights: list[Array], env: dict[str, int]) -> list[Array]:
     """Run every kernel of ``prog`` in order; returns the outputs shaped as declared.
 
     ``inputs``/``weights`` are positional like ``prog.inputs``/``prog.weights`` (any layout; they are
     read in C order and cast to the declared dtype); ``env`` binds every shape symbol."""
     if len(inputs) != len(prog.inputs) or len(weights) != len(prog.weights):
         raise ValueError(
-            f"run_program: got {len(inputs)} inputs and {len(weights)} weights, "
-            f"the program has {len(prog.inputs)} and {len(prog.weights)}"
+            f"run_program: got {len(inputs)} inputs and {len(weights)} weights, the program has {len(prog.inputs)} and {len(prog.weights)}"
         )
     missing = [s.name for s in prog.symbols if s.name not in env]
     if missing:

@@ -63,12 +63,8 @@ class Lib:
         def shape(b: K.Buffer) -> tuple[int, ...]:
             return tuple(evaluate(to_size(d), env) for d in b.shape)
 
-        ins = [
-            np.ascontiguousarray(a, dtype=b.dtype.numpy()) for a, b in zip(ins, self.prog.inputs, strict=True)
-        ]
-        ws = [
-            np.ascontiguousarray(a, dtype=b.dtype.numpy()) for a, b in zip(ws, self.prog.weights, strict=True)
-        ]
+        ins = [np.ascontiguousarray(a, dtype=b.dtype.numpy()) for a, b in zip(ins, self.prog.inputs, strict=True)]
+        ws = [np.ascontiguousarray(a, dtype=b.dtype.numpy()) for a, b in zip(ws, self.prog.weights, strict=True)]
         outs = [
             np.full(shape(b), 0x7B, dtype=np.uint8).view(b.dtype.numpy())
             if b.dtype.itemsize == 1
@@ -120,10 +116,7 @@ def libs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     cache = Path(store.mkdir("aotc-cpp")) if store is not None else work / "cache"
     progs = {c.name: c.prog for c in CASES} | EXTRA
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        futs = {
-            n: pool.submit(compile_cpp, generate(p, OPTIONS), TARGET, OPTIONS, cache)
-            for n, p in progs.items()
-        }
+        futs = {n: pool.submit(compile_cpp, generate(p, OPTIONS), TARGET, OPTIONS, cache) for n, p in progs.items()}
         return {n: Lib(progs[n], f.result(), work) for n, f in futs.items()}
 
 
@@ -158,9 +151,7 @@ def test_gather_out_of_range_is_an_error_not_a_crash(libs: dict[str, Lib]) -> No
     lib = libs["gather_oob"]
     table = np.arange(4, dtype=np.float32) + 1
     np.testing.assert_array_equal(lib.run([np.array([3, 0, 2])], [table], {"s0": 3})[0], [4, 1, 3])
-    with pytest.raises(
-        RuntimeError, match=r"aotc_run returned 1: kernel gather_oob: a gather index is out of"
-    ):
+    with pytest.raises(RuntimeError, match=r"aotc_run returned 1: kernel gather_oob: a gather index is out of"):
         lib.run([np.array([1, 4, 0])], [table], {"s0": 3})
     with pytest.raises(RuntimeError, match="out of range"):
         lib.run([np.array([-1, 0, 0])], [table], {"s0": 3})
@@ -184,9 +175,7 @@ def test_masked_body_is_scoped() -> None:
     src = generate(next(c for c in CASES if c.name == "masked_pad").prog, OPTIONS)
     body = src[src.index("aotc_k_pad") :]
     load = body.index("p_x[")
-    assert body.rindex("if (", 0, load) > body.rindex("for (", 0, load), (
-        "the masked load must sit inside its if"
-    )
+    assert body.rindex("if (", 0, load) > body.rindex("for (", 0, load), "the masked load must sit inside its if"
 
 
 def test_generate_is_deterministic_and_build_is_byte_identical(tmp_path: Path) -> None:
@@ -236,12 +225,24 @@ def test_lower_cpu_levels(level: str, request: pytest.FixtureRequest, tmp_path: 
     names = ("convs", "half", "matmul_bias_relu")
     cases = [c for c in CASES if c.name in names]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        built = list(
-            pool.map(lambda c: compile_cpp(generate(c.prog, OPTIONS), target, OPTIONS, cache), cases)
-        )
+        built = list(pool.map(lambda c: compile_cpp(generate(c.prog, OPTIONS), target, OPTIONS, cache), cases))
     assert all(f"-march={level}" in b.command for b in built)
     for case, lib in zip(cases, built, strict=True):
         ins, ws = case_data(case, 3)
         got = Lib(case.prog, lib, tmp_path).run(ins, ws, {"s0": 3})
         for j, (g, o) in enumerate(zip(got, run_program(case.prog, ins, ws, {"s0": 3}), strict=True)):
             assert_close(g, o, case, f"output {j} at {level}")
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("name", ["masked_pad", "softmax", "matmul_bias_relu"])
+def test_generated_code_golden(name: str) -> None:
+    """The generated C++ for a few small programs, as text (rerun with UPDATE_GOLDEN=1 when a change is
+    intended, and read the diff: it is the review of a codegen change)."""
+    text = generate(next(c for c in CASES if c.name == name).prog, OPTIONS)
+    path = GOLDEN / f"cpp_{name}.cpp"
+    if os.environ.get("UPDATE_GOLDEN") or not path.exists():
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} changed; rerun with UPDATE_GOLDEN=1 if intended"

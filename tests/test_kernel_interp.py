@@ -204,9 +204,7 @@ def _layernorm() -> Case:
         var = ((x - mu) ** 2).mean(1, keepdims=True)
         return [(x - mu) / np.sqrt(var + 1e-5) * ws[0] + ws[1], mu[:, 0]]
 
-    return Case(
-        "layernorm", prog, lambda n, g: ([rnd(g, n, 64) + 3], [rnd(g, 64), rnd(g, 64)]), ref, 1e-4, 1e-5
-    )
+    return Case("layernorm", prog, lambda n, g: ([rnd(g, n, 64) + 3], [rnd(g, 64), rnd(g, 64)]), ref, 1e-4, 1e-5)
 
 
 def _maxpool() -> Case:
@@ -275,9 +273,7 @@ def _linear_chain() -> Case:
         bn(Op.MUL, pre, c(0.5)),
         bn(Op.ADD, c(1.0), un(Op.ERF, bn(Op.MUL, pre, c(0.7071067811865476)))),
     )
-    mm = K.Matmul(
-        "linear", (), m, 270, 300, a, b, (st("h", i0 * 270 + i1, pre), st("y", i0 * 270 + i1, gelu))
-    )
+    mm = K.Matmul("linear", (), m, 270, 300, a, b, (st("h", i0 * 270 + i1, pre), st("y", i0 * 270 + i1, gelu)))
     red = K.Reduce(
         "rowsum",
         (m,),
@@ -383,9 +379,7 @@ def _convs() -> Case:
 
 def _scan() -> Case:
     k = K.Scan("cumsum", (S0,), 50, ld("x", i0 * 50 + r0), f32, "y", i0 * 50 + r0)
-    ki = K.Scan(
-        "cumsum_i", (S0,), 6, un(Op.CAST, ld("n", i0 * 6 + r0, DType.i32), i64), i64, "yi", i0 * 6 + r0
-    )
+    ki = K.Scan("cumsum_i", (S0,), 6, un(Op.CAST, ld("n", i0 * 6 + r0, DType.i32), i64), i64, "yi", i0 * 6 + r0)
     prog = program(
         [buf("x", f32, (S0, 50), "input"), buf("n", DType.i32, (S0, 6), "input")],
         [buf("y", f32, (S0, 50), "output"), buf("yi", i64, (S0, 6), "output")],
@@ -403,9 +397,7 @@ def _scan() -> Case:
 def _intops() -> Case:
     x, y = ld("x", i0 * 6 + i1, i64), ld("y", i1, i64)
     o = i0 * 6 + i1
-    logic = bn(
-        Op.OR, bn(Op.AND, bn(Op.LT, x, c(3, i64)), bn(Op.NE, x, y)), un(Op.NOT, bn(Op.GT, x, c(10, i64)))
-    )
+    logic = bn(Op.OR, bn(Op.AND, bn(Op.LT, x, c(3, i64)), bn(Op.NE, x, y)), un(Op.NOT, bn(Op.GT, x, c(10, i64))))
     stores = (
         st("div", o, bn(Op.DIV, x, y)),
         st("mod", o, bn(Op.MOD, x, y)),
@@ -473,9 +465,7 @@ BINARY_REF: dict[Op, Callable[[Array, Array], Array]] = {
     Op.SUB: np.subtract,
     Op.MUL: np.multiply,
     Op.DIV: np.divide,
-    Op.MOD: lambda a, b: np.asarray(
-        __import__("torch").remainder(__import__("torch").from_numpy(a), __import__("torch").from_numpy(b))
-    ),
+    Op.MOD: lambda a, b: np.asarray(__import__("torch").remainder(__import__("torch").from_numpy(a), __import__("torch").from_numpy(b))),
     Op.MAX: np.maximum,
     Op.MIN: np.minimum,
     Op.POW: np.power,
@@ -636,14 +626,10 @@ def case_data(case: Case, s0: int) -> tuple[list[Array], list[Array]]:
 
 def assert_close(got: Array, want: Array, case: Case, what: str) -> None:
     got_f = np.asarray(got).astype(np.float64) if got.dtype.kind in "fV" or got.dtype.itemsize == 2 else got
-    want_f = (
-        np.asarray(want).astype(np.float64) if got.dtype.kind in "fV" or got.dtype.itemsize == 2 else want
-    )
+    want_f = np.asarray(want).astype(np.float64) if got.dtype.kind in "fV" or got.dtype.itemsize == 2 else want
     assert got.shape == tuple(want.shape), f"{case.name} {what}: shape {got.shape} vs {want.shape}"
     if np.asarray(got_f).dtype.kind == "f":
-        np.testing.assert_allclose(
-            got_f, want_f, rtol=case.rtol, atol=case.atol, err_msg=f"{case.name} {what}"
-        )
+        np.testing.assert_allclose(got_f, want_f, rtol=case.rtol, atol=case.atol, err_msg=f"{case.name} {what}")
     else:
         np.testing.assert_array_equal(got_f, want_f, err_msg=f"{case.name} {what}")
 

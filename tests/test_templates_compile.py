@@ -35,14 +35,8 @@ def test_headers_exist() -> None:
 def test_every_template_compiles_alone_at_every_level() -> None:
     jobs = [(h, level) for h in HEADERS for level in CPU_LEVELS]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(
-            pool.map(lambda j: _run([*CXX, f"-march={j[1]}", "-fsyntax-only", "-x", "c++", str(j[0])]), jobs)
-        )
-    failed = [
-        f"{h.name} at {level}:\n{r.stderr}"
-        for (h, level), r in zip(jobs, results, strict=True)
-        if r.returncode
-    ]
+        results = list(pool.map(lambda j: _run([*CXX, f"-march={j[1]}", "-fsyntax-only", "-x", "c++", str(j[0])]), jobs))
+    failed = [f"{h.name} at {level}:\n{r.stderr}" for (h, level), r in zip(jobs, results, strict=True) if r.returncode]
     assert not failed, "\n".join(failed)
 
 
@@ -62,17 +56,13 @@ def test_abi_header_is_plain_c() -> None:
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize(
-    "header", [h for h in HEADERS if "AOTC_SELFTEST_" in h.read_text()], ids=lambda h: h.name
-)
+@pytest.mark.parametrize("header", [h for h in HEADERS if "AOTC_SELFTEST_" in h.read_text()], ids=lambda h: h.name)
 def test_template_selftest(header: Path, tmp_path: Path) -> None:
     macro = re.search(r"#ifdef (AOTC_SELFTEST_\w+)", header.read_text())
     assert macro is not None
     exe = tmp_path / "selftest"
     for level in (NATIVE, "x86-64-v2"):  # the vector path and the portable fallback
-        build = _run(
-            [*CXX, "-O2", f"-march={level}", f"-D{macro.group(1)}", "-x", "c++", str(header), "-o", str(exe)]
-        )
+        build = _run([*CXX, "-O2", f"-march={level}", f"-D{macro.group(1)}", "-x", "c++", str(header), "-o", str(exe)])
         assert build.returncode == 0, build.stderr
         run = _run([str(exe)])
         assert run.returncode == 0, f"{header.name} self-test failed at {level}: {run.stdout}{run.stderr}"

@@ -10,6 +10,10 @@ Note: value trees are printed as CSE'd ``const`` temporaries, one per distinct n
 loop body. A ``Masked`` body gets its own ``if (mask) { ... }`` scope: its loads may be out of bounds
 where the mask fails, so nothing from it is hoisted out -- only nodes that are needed unconditionally
 anyway are emitted before the ``if``.
+
+Note: float exp/tanh/erf/sigmoid print as ``aotc_*`` functions from ``aotc_cpu.h`` (inline polynomial
+forms within 3 ulp, NaN/inf exact) rather than libm calls, because glibc's are opaque calls that keep a
+loop scalar unless built with -ffast-math, which we refuse (see compile.py). log/sin/cos still call libm.
 """
 
 from __future__ import annotations
@@ -416,9 +420,7 @@ class KernelWriter:
     def _parallel_for(self, collapse: int, work: str) -> str:
         """The pragma over a kernel's outer loops. ``guided``: big chunks first, then small ones, so a thread
         that starts late (a busy core) delays the end of the loop by one small chunk, not by its half."""
-        return self._omp(
-            f"parallel for collapse({collapse}) schedule(guided) if ({work} >= AOTC_PAR_MIN_WORK)"
-        )
+        return self._omp(f"parallel for collapse({collapse}) schedule(guided) if ({work} >= AOTC_PAR_MIN_WORK)")
 
     # -- loop helpers --
 
@@ -586,8 +588,8 @@ class KernelWriter:
 
         def tile() -> None:
             with self.w.block(f"for (int64_t {m} = aotc_m0; {m} < aotc_m0 + aotc_mb; ++{m})"):
-                self.w.line(f"const {at}* aotc_row = aotc_tile + ({m} - aotc_m0) * aotc_ldt - aotc_n0;")
-                self.ctx.acc = f"aotc_row[{n}]"
+                self.w.line(f"const {at}* aotc_row = aotc_tile + ({m} - aotc_m0) * aotc_ldt;")
+                self.ctx.acc = f"aotc_row[{n} - aotc_n0]"
                 self.w.line(self._omp("simd"))
                 with self.w.block(f"for (int64_t {n} = aotc_n0; {n} < aotc_n0 + aotc_nb; ++{n})"):
                     self._epilogue()
@@ -660,14 +662,12 @@ class KernelWriter:
 
         def tile() -> None:
             with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
-                self.w.line(f"const {at}* aotc_row = aotc_tile + (i1 - aotc_oc0) * aotc_ldt - aotc_p0;")
+                self.w.line(f"const {at}* aotc_row = aotc_tile + (i1 - aotc_oc0) * aotc_ldt;")
                 loop = "for (int64_t i2 = aotc_p0 / aotc_ow; i2 * aotc_ow < aotc_p0 + aotc_pb; ++i2)"
                 with self.w.block(loop):
                     self.w.line("const int64_t aotc_lo = aotc_max(aotc_p0 - i2 * aotc_ow, 0);")
-                    self.w.line(
-                        "const int64_t aotc_hi = aotc_min(aotc_p0 + aotc_pb - i2 * aotc_ow, aotc_ow);"
-                    )
-                    self.ctx.acc = "aotc_row[i2 * aotc_ow + i3]"
+                    self.w.line("const int64_t aotc_hi = aotc_min(aotc_p0 + aotc_pb - i2 * aotc_ow, aotc_ow);")
+                    self.ctx.acc = "aotc_row[i2 * aotc_ow + i3 - aotc_p0]"
                     self.w.line(self._omp("simd"))
                     with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
                         self._epilogue()
