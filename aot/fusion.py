@@ -268,7 +268,10 @@ class _Build:
         if len(idx) != len(self.library_vars) or any(
             sympy.expand(a - b) != 0 for a, b in zip(idx, self.library_vars, strict=True)
         ):
-            raise Realize(node, "its epilogue reads it at another position (a view between them)")
+            # a reshape and its inverse between template and epilogue leave the flat position unchanged
+            flat = flat_index(idx, node.shape) - flat_index(self.library_vars, node.shape)
+            if sympy.expand(flat.rewrite(sympy.floor)) != 0:
+                raise Realize(node, "its epilogue reads it at another position (a view between them)")
         v: K.Value = K.Acc(DType.f32 if node.dtype.is_float else DType.i64)
         return v if node.dtype is v.dtype else K.Unary(Op.CAST, v, node.dtype)
 
@@ -519,7 +522,13 @@ class Fusion:
         for x in lib.inputs:
             v = self.strided(x)
             if v is None:
-                raise Realize(x, f"{lib.op.name} reads its operands from memory")
+                # Prefer a buffer under the views (q/k/v heads split from one projection stay views of it)
+                # over a copy of the viewed operand.
+                base = x
+                while base.op in Family.VIEW and base not in self.realized:
+                    base = base.inputs[0]
+                target = base if base is not x and base not in self.realized else x
+                raise Realize(target, f"{lib.op.name} reads its operands from memory")
             ops.append(v)
         store = K.Store(self.realized[root], flat_index(vars_, root.shape), b.value(root, vars_))
         b.region.add(lib)

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 WARMUP, CALLS, REPEATS = 10, 50, 5
 PRECISIONS = ("fp32", "bf16")
+COMPILE = "--compile" in sys.argv  # torch.compile baselines cost a minute a model; DESIGN.md lists them
 
 
 def _median_ms(fn) -> float:  # type: ignore[no-untyped-def]
@@ -81,6 +82,10 @@ def ref(out: Path, names: list[str]) -> None:
                         torch.cuda.synchronize()
 
                     row = {"eager_ms": _median_ms(call)}
+                    if not COMPILE:
+                        timings[f"{m.name}.{precision}"] = row
+                        print(m.name, precision, row, flush=True)
+                        continue
                     try:
                         compiled = torch.compile(model, mode="reduce-overhead")
                         def ccall(compiled=compiled, xs=xs) -> None:  # type: ignore[no-untyped-def]
@@ -171,9 +176,10 @@ def run(out: Path, json_path: Path) -> None:
 
 if __name__ == "__main__":
     cmd, d = sys.argv[1], Path(sys.argv[2])
+    names = [a for a in sys.argv[3:] if not a.startswith("--")]
     if cmd == "ref":
-        ref(d, sys.argv[3:])
+        ref(d, names)
     elif cmd == "build":
-        build(d, sys.argv[3:])
+        build(d, names)
     else:
         run(d, Path(sys.argv[3]))
