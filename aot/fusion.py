@@ -37,6 +37,7 @@ from .ir import (
     PoolAttr,
     ReduceAttr,
     SliceAttr,
+    StridedAttr,
     WeightAttr,
     dims_equal,
 )
@@ -319,6 +320,9 @@ class _Build:
             return self.value(ins[0], tuple(src))
         if op is Op.RESHAPE:
             return self.value(ins[0], reshape_index(idx, ins[0].shape, node.shape, self.ranges))
+        if op is Op.AS_STRIDED:
+            assert isinstance(a, StridedAttr)
+            return self.value(ins[0], (a.offset + sympy.Add(*(i * st for i, st in zip(idx, a.strides, strict=True))),))
         if op is Op.CAT:
             return self.cat(node, idx)
         if op is Op.PAD:
@@ -456,6 +460,9 @@ class Fusion:
                     shp = n.inputs[0].shape
                     out = (buf, off, tuple(sympy.Integer(0) if _is_one(s) and not _is_one(d) else t
                                            for s, d, t in zip(shp, n.shape, st, strict=True)))  # fmt: skip
+                elif n.op is Op.AS_STRIDED:
+                    assert isinstance(a, StridedAttr)
+                    out = (buf, off + a.offset * st[0], tuple(t * st[0] for t in a.strides))
                 elif n.op is Op.SLICE:
                     assert isinstance(a, SliceAttr)
                     st2 = list(st)

@@ -27,6 +27,7 @@ from .ir import (
     PoolAttr,
     ReduceAttr,
     SliceAttr,
+    StridedAttr,
     WeightAttr,
 )
 
@@ -167,6 +168,14 @@ def eval_node(n: Node, ins: list[np.ndarray], env: dict[str, int], graph: Graph)
         idx = [slice(None)] * len(shape)
         idx[a.axis] = slice(start, start + a.step * (shape[a.axis] - 1) + 1, a.step)
         return ins[0][tuple(idx)]
+    if op is Op.AS_STRIDED:
+        assert isinstance(a, StridedAttr)
+        flat = np.ascontiguousarray(ins[0])
+        item = flat.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            flat[size(a.offset, env):], shape, tuple(size(st, env) * item for st in a.strides), writeable=False
+        )
+        return np.array(view)
     if op is Op.CAT:
         assert isinstance(a, AxisAttr)
         return np.concatenate(ins, axis=a.axis)

@@ -116,6 +116,7 @@ class Op(enum.Enum):
     PERMUTE = enum.auto()
     EXPAND = enum.auto()
     SLICE = enum.auto()
+    AS_STRIDED = enum.auto()  # element i of a flat (1-d) input at offset + sum(i_d * stride_d)
     CAT = enum.auto()
     PAD = enum.auto()
     INDEX_SELECT = enum.auto()
@@ -145,7 +146,7 @@ class Family:
     })  # fmt: skip
     ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
     REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN})
-    VIEW = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE})
+    VIEW = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.AS_STRIDED})
     MOVEMENT = VIEW | {Op.CAT, Op.PAD, Op.INDEX_SELECT, Op.GATHER}
     LIBRARY = frozenset({Op.MATMUL, Op.CONV2D, Op.POOL2D, Op.CUMSUM})
 
@@ -198,6 +199,12 @@ class SliceAttr:
 
 
 @dataclass(frozen=True)
+class StridedAttr:
+    strides: tuple[Dim, ...]
+    offset: Dim
+
+
+@dataclass(frozen=True)
 class PadAttr:
     pads: tuple[tuple[int, int], ...]  # (before, after) per dim; negative crops
     value: float | int
@@ -224,7 +231,7 @@ class PoolAttr:
 
 
 Attr = (
-    InputAttr | WeightAttr | FullAttr | ArangeAttr | ReduceAttr | AxisAttr | PermuteAttr | SliceAttr
+    InputAttr | WeightAttr | FullAttr | ArangeAttr | ReduceAttr | AxisAttr | PermuteAttr | SliceAttr | StridedAttr
     | PadAttr | ConvAttr | PoolAttr | None
 )  # fmt: skip
 

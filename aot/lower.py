@@ -35,6 +35,7 @@ from .ir import (
     ReduceAttr,
     Shape,
     SliceAttr,
+    StridedAttr,
     Symbol,
     WeightAttr,
     as_dim,
@@ -354,6 +355,15 @@ def _view(c: Ctx, _: Any) -> Node:
     return c.b.reshape(c.arg(0), c.out_shape)
 
 
+@lower(aten.as_strided.default)
+def _as_strided(c: Ctx, _: Any) -> Node:
+    x, stride = c.arg(0), c.arg(2)
+    offset = c.arg(3, 0) or 0
+    flat = c.b.reshape(x, (x.type.numel(),))
+    attr = StridedAttr(tuple(as_dim(d) for d in stride), as_dim(offset))
+    return c.b.add(Op.AS_STRIDED, (flat,), x.dtype, c.out_shape, attr)
+
+
 @lower(aten.permute.default)
 def _permute(c: Ctx, _: Any) -> Node:
     return c.b.permute(c.arg(0), c.arg(1))
@@ -574,16 +584,24 @@ def softmax(b: Builder, x: Node, axis: int, log: bool = False) -> Node:
     return b.ew(Op.SUB, z, b.ew(Op.LOG, s)) if log else b.ew(Op.DIV, e, s)
 
 
+def _compute_dtype(dt: DType) -> DType:
+    """Norms and softmax in bf16/f16 compute in fp32 and round once at the end, as torch's kernels do."""
+    return DType.f32 if dt in (DType.bf16, DType.f16) else dt
+
+
 @lower(aten._softmax.default, aten._log_softmax.default)
 def _softmax(c: Ctx, _: Any) -> Node:
-    x = c.b.cast(c.arg(0), c.out_dtype)
-    return softmax(c.b, x, norm_axis(c.arg(1), x.type.rank), c.target is aten._log_softmax.default)
+    x = c.b.cast(c.arg(0), _compute_dtype(c.out_dtype))
+    y = softmax(c.b, x, norm_axis(c.arg(1), x.type.rank), c.target is aten._log_softmax.default)
+    return c.b.cast(y, c.out_dtype)
 
 
 @lower(aten.native_layer_norm.default)
 def _layer_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
     x, shape, w, bias, eps = c.arg(0), c.arg(1), c.arg(2), c.arg(3), c.arg(4)
     b = c.b
+    out_dtype = x.dtype
+    x = b.cast(x, _compute_dtype(x.dtype))
     axes = tuple(range(x.type.rank - len(shape), x.type.rank))
     m = mean(b, x, axes, True, x.dtype)
     d = b.ew(Op.SUB, x, m)
@@ -591,10 +609,10 @@ def _layer_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
     rstd = b.ew(Op.RSQRT, b.ew(Op.ADD, var, float(eps)))
     y = b.ew(Op.MUL, d, rstd)
     if w is not None:
-        y = b.ew(Op.MUL, y, w)
+        y = b.ew(Op.MUL, y, b.cast(w, x.dtype))
     if bias is not None:
-        y = b.ew(Op.ADD, y, bias)
-    return y, m, rstd
+        y = b.ew(Op.ADD, y, b.cast(bias, x.dtype))
+    return b.cast(y, out_dtype), m, rstd
 
 
 @lower(aten._native_batch_norm_legit_no_training.default)

@@ -94,6 +94,9 @@ CASES = [
            lambda b: (r(b, 12),)),  # fmt: skip
     OpCase("slice_cat_split", lambda: Fn(lambda m, x: torch.cat([x[:, 1:4], x[:, ::2], *x.split(2, dim=1)], 1)),
            lambda b: (r(b, 6, 3),)),  # fmt: skip
+    OpCase("as_strided", lambda: Fn(lambda m, x: torch.as_strided(x.contiguous(), (x.shape[0], 3, 2), (12, 1, 4), 1)),
+           lambda b: (r(b, 12),)),  # fmt: skip
+    OpCase("layer_norm_bf16_math", lambda: Fn(lambda m, x: F.layer_norm(x * 3 + 1, (16,)).softmax(-1)), lambda b: (r(b, 4, 16),)),
     OpCase("pad", lambda: Fn(lambda m, x: F.pad(x, (1, 2, 0, 1), value=0.5)), lambda b: (r(b, 3, 4),)),
     OpCase("cumsum_arange", lambda: Fn(lambda m, x: x.cumsum(1) + torch.arange(x.shape[1], dtype=torch.float32)),
            lambda b: (r(b, 10),)),  # fmt: skip
