@@ -290,7 +290,12 @@ def _clamp(c: Ctx, _: Any) -> Node:
 
 @lower(aten.gelu.default)
 def _gelu(c: Ctx, _: Any) -> Node:
-    x, dt, b = c.arg(0), c.out_dtype, c.b
+    dt, b = c.out_dtype, c.b
+    return b.cast(_gelu_math(c, b.cast(c.arg(0), _compute_dtype(dt)), _compute_dtype(dt)), dt)
+
+
+def _gelu_math(c: Ctx, x: Node, dt: DType) -> Node:
+    b = c.b
     if c.kwarg("approximate", c.arg(1, "none")) == "tanh":
         inner = b.ew(Op.MUL, b.ew(Op.ADD, x, b.ew(Op.MUL, b.ew(Op.MUL, b.ew(Op.MUL, x, x), x), 0.044715)),
                      math.sqrt(2.0 / math.pi))  # fmt: skip
@@ -301,21 +306,23 @@ def _gelu(c: Ctx, _: Any) -> Node:
 
 @lower(aten.silu.default)
 def _silu(c: Ctx, _: Any) -> Node:
-    x = c.arg(0)
-    return c.b.ew(Op.MUL, x, c.b.ew(Op.SIGMOID, x))
+    x = c.b.cast(c.arg(0), _compute_dtype(c.out_dtype))
+    return c.b.cast(c.b.ew(Op.MUL, x, c.b.ew(Op.SIGMOID, x)), c.out_dtype)
 
 
 @lower(aten.hardsigmoid.default)
 def _hardsigmoid(c: Ctx, _: Any) -> Node:
-    x = c.arg(0)
-    return c.b.ew(Op.MIN, c.b.ew(Op.MAX, c.b.ew(Op.ADD, c.b.ew(Op.DIV, x, 6.0), 0.5), 0.0), 1.0)
+    x = c.b.cast(c.arg(0), _compute_dtype(c.out_dtype))
+    y = c.b.ew(Op.MIN, c.b.ew(Op.MAX, c.b.ew(Op.ADD, c.b.ew(Op.DIV, x, 6.0), 0.5), 0.0), 1.0)
+    return c.b.cast(y, c.out_dtype)
 
 
 @lower(aten.hardswish.default)
 def _hardswish(c: Ctx, _: Any) -> Node:
-    x, b = c.arg(0), c.b
+    b = c.b
+    x = b.cast(c.arg(0), _compute_dtype(c.out_dtype))
     r6 = b.ew(Op.MIN, b.ew(Op.MAX, b.ew(Op.ADD, x, 3.0), 0.0), 6.0)
-    return b.ew(Op.DIV, b.ew(Op.MUL, x, r6), 6.0)
+    return b.cast(b.ew(Op.DIV, b.ew(Op.MUL, x, r6), 6.0), c.out_dtype)
 
 
 @lower(aten._to_copy.default, aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default,
@@ -682,10 +689,11 @@ def _sdpa(c: Ctx, _: Any) -> Node:
         scores = b.where(b.ew(Op.GE, rows, cols), scores, float("-inf"), dt)
     if mask is not None:
         scores = b.where(mask, scores, float("-inf"), dt) if mask.dtype is DType.bool else b.ew(Op.ADD, scores, mask, dtype=dt)
+    scores = b.cast(scores, _compute_dtype(dt))
     probs = softmax(b, scores, scores.type.rank - 1)
     # rows that are masked everywhere give zeros, as torch's SDPA does (not NaN)
-    probs = b.where(b.ew(Op.NE, probs, probs), 0.0, probs, dt)
-    return matmul(b, probs, v, dt)
+    probs = b.where(b.ew(Op.NE, probs, probs), 0.0, probs, probs.dtype)
+    return matmul(b, b.cast(probs, dt), v, dt)
 
 
 def _repeat_heads(b: Builder, t: Node, rep: int) -> Node:
