@@ -108,6 +108,8 @@ def main(out: Path, quick: bool) -> None:
             torch.manual_seed(b)
             cases.append(case.inputs(b))
         emit(out, f"op_{case.name}", model, ex, dynamic_shapes(case, ex), cases)
+        if any(x.is_floating_point() for x in ex):
+            emit(out, f"op_{case.name}_bf16", model, ex, dynamic_shapes(case, ex), cases, "bf16")
     for z in ZOO[: 2 if quick else None]:
         torch.manual_seed(0)
         model = FirstOutput(z.make().eval())
