@@ -125,3 +125,19 @@ def test_ops_doc_is_current() -> None:
     from aotc_build.ops_doc import render
 
     assert (ROOT / "docs" / "ops.md").read_text() == render(), "regenerate: python -m aotc_build.ops_doc > docs/ops.md"
+
+
+def test_dynamic_flag_overrides_model_dims(tmp_path: Path) -> None:
+    src = tmp_path / "static.py"
+    src.write_text(
+        "import torch\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())\n"
+        "example_inputs = (torch.randn(3, 8),)\n"
+    )
+    static = lower_program(capture(src))
+    assert static.symbols == [] and static.inputs[0].shape == (3, 8)
+    dyn = lower_program(capture(src, dynamic=("input:0:batch:1:64",)))
+    (sym,) = dyn.symbols
+    assert (sym.label, sym.min, sym.max) == ("batch", 1, 64)
+    with pytest.raises(UsageError, match="no input 'x'"):
+        capture(src, dynamic=("x:0:batch",))
