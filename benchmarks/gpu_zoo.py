@@ -69,6 +69,11 @@ def ref(out: Path, names: list[str]) -> None:
                 xs = [x.to(dt) if x.is_floating_point() else x for x in xs]
                 with torch.no_grad():
                     y = model(*xs).float().cpu().numpy()
+                    if precision == "bf16":  # the fp32 truth, to tell bf16 rounding from a wrong answer
+                        f32 = real_module(m).to("cuda")
+                        f32.load_state_dict(torch.load(out / f"{m.name}.weights.pt"))
+                        arrays[f"out32.{k}"] = f32(*[x.float() if x.is_floating_point() else x for x in xs]).cpu().numpy()
+                        del f32
                 for i, x in enumerate(xs):
                     a = x.float().cpu().numpy() if x.is_floating_point() else x.cpu().numpy()
                     if precision == "bf16" and a.dtype == np.float32:
@@ -152,6 +157,11 @@ def run(out: Path, json_path: Path) -> None:
             got = model(*xs).astype(np.float32)
             want = ref[f"out.{k}"]
             errs.append(float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)))
+            if f"out32.{k}" in ref:
+                truth = ref[f"out32.{k}"]
+                scale = max(np.abs(truth).max(), 1e-6)
+                row.setdefault("aotc_err_vs_fp32", []).append(float(np.abs(got - truth).max() / scale))
+                row.setdefault("eager_bf16_err_vs_fp32", []).append(float(np.abs(want - truth).max() / scale))
             if k == 0:
                 ex = model.executor.ex
                 dxs = [ex.to_device(x) for x in xs]
