@@ -49,26 +49,66 @@ def bind(graph: Graph, inputs: Sequence[np.ndarray]) -> dict[str, int]:
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
 
 
-def _floordiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.floor_divide(a, b) if a.dtype.kind in "iu" else np.true_divide(a, b)
+def _not(x: np.ndarray) -> np.ndarray:
+    return np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
+
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iub":
+        return np.where(b == 0, 0, np.floor_divide(a, np.where(b == 0, 1, b)))
+    return np.true_divide(a, b)
+
+
+def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iub":
+        return np.where(b == 0, 0, np.mod(a, np.where(b == 0, 1, b)))
+    r = np.fmod(a, b)  # torch.remainder on floats
+    return np.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+def _logical(f: Callable[[np.ndarray, np.ndarray], np.ndarray], g: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable:
+    return lambda a, b: f(a, b) if a.dtype == np.bool_ else g(a, b)
 
 
 UNARY: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
-    Op.NEG: np.negative, Op.ABS: np.abs, Op.EXP: np.exp, Op.LOG: np.log, Op.SQRT: np.sqrt,
-    Op.RSQRT: lambda x: 1 / np.sqrt(x), Op.TANH: np.tanh, Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
-    Op.ERF: _erf, Op.SIN: np.sin, Op.COS: np.cos, Op.RELU: lambda x: np.maximum(x, 0).astype(x.dtype),
-    Op.RECIP: lambda x: 1 / x, Op.FLOOR: np.floor, Op.NOT: np.logical_not,
-}  # fmt: skip
+    Op.NEG: np.negative,
+    Op.ABS: np.abs,
+    Op.EXP: np.exp,
+    Op.LOG: np.log,
+    Op.SQRT: np.sqrt,
+    Op.RSQRT: lambda x: 1 / np.sqrt(x),
+    Op.TANH: np.tanh,
+    Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
+    Op.ERF: _erf,
+    Op.SIN: np.sin,
+    Op.COS: np.cos,
+    Op.RELU: lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    Op.RECIP: lambda x: 1 / x,
+    Op.FLOOR: lambda x: np.floor(x) if x.dtype.kind == "f" else x,
+    Op.NOT: _not,
+}
 
 BINARY: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: _floordiv, Op.MOD: np.mod,
-    Op.MAX: np.maximum, Op.MIN: np.minimum, Op.POW: np.power, Op.EQ: np.equal, Op.NE: np.not_equal,
-    Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater, Op.GE: np.greater_equal,
-    Op.AND: np.logical_and, Op.OR: np.logical_or,
-}  # fmt: skip
+    Op.ADD: np.add,
+    Op.SUB: np.subtract,
+    Op.MUL: np.multiply,
+    Op.DIV: _div,
+    Op.MOD: _mod,
+    Op.MAX: np.maximum,
+    Op.MIN: np.minimum,
+    Op.POW: np.power,
+    Op.EQ: np.equal,
+    Op.NE: np.not_equal,
+    Op.LT: np.less,
+    Op.LE: np.less_equal,
+    Op.GT: np.greater,
+    Op.GE: np.greater_equal,
+    Op.AND: _logical(np.logical_and, np.bitwise_and),
+    Op.OR: _logical(np.logical_or, np.bitwise_or),
+}
 
 REDUCE = {Op.SUM: np.sum, Op.RMAX: np.max, Op.RMIN: np.min}
 

@@ -15,7 +15,6 @@ step's dtype like the kernels do.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ import numpy as np
 import sympy
 
 from . import kernel as K
+from .interp import BINARY, UNARY  # one definition of each op's meaning
 from .ir import DType, Op
 
 Array = np.ndarray
@@ -116,69 +116,6 @@ def _cast(x: Array, dt: DType) -> Array:
     if dt in _HALF:
         return _round_half(np.asarray(x, dtype=np.float32), dt)
     return np.asarray(x).astype(dt.numpy())
-
-
-def _erf(x: Array) -> Array:
-    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
-
-
-def _not(x: Array) -> Array:
-    return np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
-
-
-def _div(a: Array, b: Array) -> Array:
-    if a.dtype.kind in "iub":
-        return np.where(b == 0, 0, np.floor_divide(a, np.where(b == 0, 1, b)))
-    return np.true_divide(a, b)
-
-
-def _mod(a: Array, b: Array) -> Array:
-    if a.dtype.kind in "iub":
-        return np.where(b == 0, 0, np.mod(a, np.where(b == 0, 1, b)))
-    r = np.fmod(a, b)  # torch.remainder on floats
-    return np.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-
-
-def _logical(f: Callable[[Array, Array], Array], g: Callable[[Array, Array], Array]) -> Callable:
-    return lambda a, b: f(a, b) if a.dtype == np.bool_ else g(a, b)
-
-
-UNARY: dict[Op, Callable[[Array], Array]] = {
-    Op.NEG: np.negative,
-    Op.ABS: np.abs,
-    Op.EXP: np.exp,
-    Op.LOG: np.log,
-    Op.SQRT: np.sqrt,
-    Op.RSQRT: lambda x: 1 / np.sqrt(x),
-    Op.TANH: np.tanh,
-    Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
-    Op.ERF: _erf,
-    Op.SIN: np.sin,
-    Op.COS: np.cos,
-    Op.RELU: lambda x: np.maximum(x, np.zeros((), x.dtype)),
-    Op.RECIP: lambda x: 1 / x,
-    Op.FLOOR: lambda x: np.floor(x) if x.dtype.kind == "f" else x,
-    Op.NOT: _not,
-}
-
-BINARY: dict[Op, Callable[[Array, Array], Array]] = {
-    Op.ADD: np.add,
-    Op.SUB: np.subtract,
-    Op.MUL: np.multiply,
-    Op.DIV: _div,
-    Op.MOD: _mod,
-    Op.MAX: np.maximum,
-    Op.MIN: np.minimum,
-    Op.POW: np.power,
-    Op.EQ: np.equal,
-    Op.NE: np.not_equal,
-    Op.LT: np.less,
-    Op.LE: np.less_equal,
-    Op.GT: np.greater,
-    Op.GE: np.greater_equal,
-    Op.AND: _logical(np.logical_and, np.bitwise_and),
-    Op.OR: _logical(np.logical_or, np.bitwise_or),
-}
 
 
 # ---- value trees -----------------------------------------------------------------------------------------
