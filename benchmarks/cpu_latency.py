@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -22,26 +21,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_timing import median_ms
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 REPEATS, MIN_TIME = 7, 0.3
 
 
+
 def _median_ms(fn) -> float:  # type: ignore[no-untyped-def]
-    fn()
-    n = 1
-    t = time.perf_counter()
-    fn()
-    one = time.perf_counter() - t
-    n = max(1, int(MIN_TIME / max(one, 1e-6)))
-    reps = []
-    for _ in range(REPEATS):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        reps.append((time.perf_counter() - t) / n * 1e3)
-    return statistics.median(reps)
+    return median_ms(fn, repeats=REPEATS, min_time=MIN_TIME)
 
 
 def _models() -> list[tuple[str, nn.Module, tuple[torch.Tensor, ...], dict]]:

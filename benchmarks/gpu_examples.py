@@ -13,28 +13,21 @@ import datetime
 import importlib.util
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_timing import median_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [("mlp", 64), ("cnn", 8), ("transformer", 8)]
 WARMUP, CALLS, REPEATS = 20, 200, 5
 
 
-def _median_ms(fn) -> float:
-    for _ in range(WARMUP):
-        fn()
-    reps = []
-    for _ in range(REPEATS):
-        t = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        reps.append((time.perf_counter() - t) / CALLS * 1e3)
-    return statistics.median(reps)
+
+def _median_ms(fn) -> float:  # type: ignore[no-untyped-def]
+    return median_ms(fn, repeats=REPEATS, calls=CALLS, warmup=WARMUP)
 
 
 def _inputs(name: str, batch: int, bf16: bool) -> list[np.ndarray]:

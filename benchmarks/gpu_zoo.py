@@ -15,12 +15,12 @@ from __future__ import annotations
 import datetime
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_timing import median_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -29,16 +29,9 @@ PRECISIONS = ("fp32", "bf16")
 COMPILE = "--compile" in sys.argv  # torch.compile baselines cost a minute a model; DESIGN.md lists them
 
 
+
 def _median_ms(fn) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(WARMUP):
-        fn()
-    reps = []
-    for _ in range(REPEATS):
-        t = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        reps.append((time.perf_counter() - t) / CALLS * 1e3)
-    return statistics.median(reps)
+    return median_ms(fn, repeats=REPEATS, calls=CALLS, warmup=WARMUP)
 
 
 def _models(names: list[str]):  # type: ignore[no-untyped-def]
