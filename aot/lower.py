@@ -18,21 +18,17 @@ import sympy
 import torch
 from aotc.errors import UnsupportedOp
 
-from .builder import Builder, broadcast_shapes
+from .builder import Builder
 from .capture import Captured
 from .ir import (
     ArangeAttr,
     AxisAttr,
-    ConvAttr,
     DType,
-    FullAttr,
     Graph,
     InputAttr,
     Node,
     Op,
     PadAttr,
-    PoolAttr,
-    ReduceAttr,
     Shape,
     SliceAttr,
     StridedAttr,
@@ -67,10 +63,6 @@ def lower(*targets: Any) -> Callable[[LowerFn], LowerFn]:
         return fn
 
     return reg
-
-
-def supported_ops() -> list[str]:
-    return sorted(str(t) for t in TABLE if not isinstance(t, type(operator.mul)))
 
 
 # ---- context ---------------------------------------------------------------------------------------
@@ -288,10 +280,15 @@ def _clamp(c: Ctx, _: Any) -> Node:
     return x
 
 
+def compute_dtype(dt: DType) -> DType:
+    """Norms and softmax in bf16/f16 compute in fp32 and round once at the end, as torch's kernels do."""
+    return DType.f32 if dt in (DType.bf16, DType.f16) else dt
+
+
 @lower(aten.gelu.default)
 def _gelu(c: Ctx, _: Any) -> Node:
     dt, b = c.out_dtype, c.b
-    return b.cast(_gelu_math(c, b.cast(c.arg(0), _compute_dtype(dt)), _compute_dtype(dt)), dt)
+    return b.cast(_gelu_math(c, b.cast(c.arg(0), compute_dtype(dt)), compute_dtype(dt)), dt)
 
 
 def _gelu_math(c: Ctx, x: Node, dt: DType) -> Node:
@@ -306,13 +303,13 @@ def _gelu_math(c: Ctx, x: Node, dt: DType) -> Node:
 
 @lower(aten.silu.default)
 def _silu(c: Ctx, _: Any) -> Node:
-    x = c.b.cast(c.arg(0), _compute_dtype(c.out_dtype))
+    x = c.b.cast(c.arg(0), compute_dtype(c.out_dtype))
     return c.b.cast(c.b.ew(Op.MUL, x, c.b.ew(Op.SIGMOID, x)), c.out_dtype)
 
 
 @lower(aten.hardsigmoid.default)
 def _hardsigmoid(c: Ctx, _: Any) -> Node:
-    x = c.b.cast(c.arg(0), _compute_dtype(c.out_dtype))
+    x = c.b.cast(c.arg(0), compute_dtype(c.out_dtype))
     y = c.b.ew(Op.MIN, c.b.ew(Op.MAX, c.b.ew(Op.ADD, c.b.ew(Op.DIV, x, 6.0), 0.5), 0.0), 1.0)
     return c.b.cast(y, c.out_dtype)
 
@@ -320,7 +317,7 @@ def _hardsigmoid(c: Ctx, _: Any) -> Node:
 @lower(aten.hardswish.default)
 def _hardswish(c: Ctx, _: Any) -> Node:
     b = c.b
-    x = b.cast(c.arg(0), _compute_dtype(c.out_dtype))
+    x = b.cast(c.arg(0), compute_dtype(c.out_dtype))
     r6 = b.ew(Op.MIN, b.ew(Op.MAX, b.ew(Op.ADD, x, 3.0), 0.0), 6.0)
     return b.cast(b.ew(Op.DIV, b.ew(Op.MUL, x, r6), 6.0), c.out_dtype)
 
@@ -495,277 +492,6 @@ def _index(c: Ctx, _: Any) -> Node:
     return c.b.reshape(sel, c.out_shape)
 
 
-# ---- reductions ------------------------------------------------------------------------------------
-
-
-def _axes(dims: Any, rank: int) -> tuple[int, ...]:
-    if dims is None or dims == []:
-        return tuple(range(rank))
-    if isinstance(dims, int):
-        dims = [dims]
-    return tuple(sorted(norm_axis(d, rank) for d in dims))
-
-
-def reduce_shape(shape: Shape, axes: tuple[int, ...], keepdim: bool) -> Shape:
-    return tuple((1 if k in axes else d) for k, d in enumerate(shape) if keepdim or k not in axes)
-
-
-def reduce(b: Builder, op: Op, x: Node, axes: tuple[int, ...], keepdim: bool, dtype: DType | None = None) -> Node:
-    x = b.cast(x, dtype or x.dtype)
-    return b.add(op, (x,), x.dtype, reduce_shape(x.shape, axes, keepdim), ReduceAttr(axes, keepdim))
-
-
-def count(shape: Shape, axes: tuple[int, ...]) -> Any:
-    n: Any = 1
-    for a in axes:
-        n = n * shape[a]
-    return as_dim(n)
-
-
-def mean(b: Builder, x: Node, axes: tuple[int, ...], keepdim: bool, dtype: DType) -> Node:
-    s = reduce(b, Op.SUM, x, axes, keepdim, dtype)
-    n = count(x.shape, axes)
-    if isinstance(n, int):
-        return b.ew(Op.MUL, s, 1.0 / n)
-    size = b.add(Op.FULL, (), DType.i64, (), FullAttr(n))  # a symbolic size as a 0-d tensor
-    return b.ew(Op.DIV, s, b.cast(size, dtype))
-
-
-@lower(aten.sum.dim_IntList, aten.sum.default)
-def _sum(c: Ctx, _: Any) -> Node:
-    x = c.arg(0)
-    axes = _axes(c.arg(1) if c.target is aten.sum.dim_IntList else None, x.type.rank)
-    return reduce(c.b, Op.SUM, x, axes, bool(c.kw("keepdim", 2, False)), c.out_dtype)
-
-
-@lower(aten.mean.dim, aten.mean.default)
-def _mean(c: Ctx, _: Any) -> Node:
-    x = c.arg(0)
-    axes = _axes(c.arg(1) if c.target is aten.mean.dim else None, x.type.rank)
-    return mean(c.b, x, axes, bool(c.kw("keepdim", 2, False)), c.out_dtype)
-
-
-@lower(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default)
-def _amax(c: Ctx, _: Any) -> Node:
-    x = c.arg(0)
-    op = Op.RMAX if c.target in (aten.amax.default, aten.max.default) else Op.RMIN
-    axes = _axes(c.arg(1) if c.target in (aten.amax.default, aten.amin.default) else None, x.type.rank)
-    return reduce(c.b, op, x, axes, bool(c.kw("keepdim", 2, False)))
-
-
-@lower(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.default)
-def _any(c: Ctx, _: Any) -> Node:
-    x = c.arg(0)
-    is_any = c.target in (aten.any.dim, aten.any.dims, aten.any.default)
-    axes = _axes(c.arg(1) if c.target not in (aten.any.default, aten.all.default) else None, x.type.rank)
-    f = c.b.cast(x if x.dtype is DType.bool else c.b.ew(Op.NE, x, 0), DType.f32)
-    r = reduce(c.b, Op.RMAX if is_any else Op.RMIN, f, axes, bool(c.kw("keepdim", 2, False)))
-    return c.b.ew(Op.NE, r, 0.0)
-
-
-@lower(aten.var.correction, aten.var.dim)
-def _var(c: Ctx, _: Any) -> Node:
-    x, dt = c.arg(0), c.out_dtype
-    axes = _axes(c.arg(1), x.type.rank)
-    keep = bool(c.kwarg("keepdim", False))
-    corr = c.kwarg("correction", 1 if c.kwarg("unbiased", True) else 0)
-    m = mean(c.b, x, axes, True, dt)
-    d = c.b.ew(Op.SUB, x, m)
-    n = count(x.shape, axes)
-    s = reduce(c.b, Op.SUM, c.b.ew(Op.MUL, d, d), axes, keep)
-    return c.b.ew(Op.MUL, s, 1.0 / max(n - corr, 1))
-
-
-@lower(aten.cumsum.default)
-def _cumsum(c: Ctx, _: Any) -> Node:
-    x = c.b.cast(c.arg(0), c.out_dtype)
-    axis = norm_axis(c.arg(1), x.type.rank)
-    return c.b.add(Op.CUMSUM, (x,), x.dtype, x.shape, AxisAttr(axis))
-
-
-def softmax(b: Builder, x: Node, axis: int, log: bool = False) -> Node:
-    m = reduce(b, Op.RMAX, x, (axis,), True)
-    z = b.ew(Op.SUB, x, m)
-    e = b.ew(Op.EXP, z)
-    s = reduce(b, Op.SUM, e, (axis,), True)
-    return b.ew(Op.SUB, z, b.ew(Op.LOG, s)) if log else b.ew(Op.DIV, e, s)
-
-
-def _compute_dtype(dt: DType) -> DType:
-    """Norms and softmax in bf16/f16 compute in fp32 and round once at the end, as torch's kernels do."""
-    return DType.f32 if dt in (DType.bf16, DType.f16) else dt
-
-
-@lower(aten._softmax.default, aten._log_softmax.default)
-def _softmax(c: Ctx, _: Any) -> Node:
-    x = c.b.cast(c.arg(0), _compute_dtype(c.out_dtype))
-    y = softmax(c.b, x, norm_axis(c.arg(1), x.type.rank), c.target is aten._log_softmax.default)
-    return c.b.cast(y, c.out_dtype)
-
-
-@lower(aten.native_layer_norm.default)
-def _layer_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
-    x, shape, w, bias, eps = c.arg(0), c.arg(1), c.arg(2), c.arg(3), c.arg(4)
-    b = c.b
-    out_dtype = x.dtype
-    x = b.cast(x, _compute_dtype(x.dtype))
-    axes = tuple(range(x.type.rank - len(shape), x.type.rank))
-    m = mean(b, x, axes, True, x.dtype)
-    d = b.ew(Op.SUB, x, m)
-    var = mean(b, b.ew(Op.MUL, d, d), axes, True, x.dtype)
-    rstd = b.ew(Op.RSQRT, b.ew(Op.ADD, var, float(eps)))
-    y = b.ew(Op.MUL, d, rstd)
-    if w is not None:
-        y = b.ew(Op.MUL, y, b.cast(w, x.dtype))
-    if bias is not None:
-        y = b.ew(Op.ADD, y, b.cast(bias, x.dtype))
-    return b.cast(y, out_dtype), m, rstd
-
-
-@lower(aten._native_batch_norm_legit_no_training.default)
-def _batch_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
-    x, w, bias, mean_, var, eps = c.arg(0), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(6)
-    b = c.b
-    cshape = (1, x.shape[1]) + (1,) * (x.type.rank - 2)
-    rs = b.ew(Op.RSQRT, b.ew(Op.ADD, b.reshape(var, cshape), float(eps)))
-    scale = b.ew(Op.MUL, rs, b.reshape(w, cshape)) if w is not None else rs
-    shift = b.ew(Op.NEG, b.ew(Op.MUL, b.reshape(mean_, cshape), scale))
-    if bias is not None:
-        shift = b.ew(Op.ADD, shift, b.reshape(bias, cshape))
-    y = b.ew(Op.ADD, b.ew(Op.MUL, x, scale), shift)
-    return y, mean_, var
-
-
-# ---- library ops -------------------------------------------------------------------------------------
-
-
-def matmul(b: Builder, x: Node, y: Node, dtype: DType) -> Node:
-    """Batched matmul with batch broadcasting made explicit."""
-    x, y = b.cast(x, dtype), b.cast(y, dtype)
-    batch = broadcast_shapes(x.shape[:-2], y.shape[:-2])
-    x = b.broadcast_to(x, (*batch, *x.shape[-2:]))
-    y = b.broadcast_to(y, (*batch, *y.shape[-2:]))
-    return b.add(Op.MATMUL, (x, y), dtype, (*batch, x.shape[-2], y.shape[-1]))
-
-
-@lower(aten.mm.default, aten.bmm.default)
-def _mm(c: Ctx, _: Any) -> Node:
-    return matmul(c.b, c.arg(0), c.arg(1), c.out_dtype)
-
-
-@lower(aten.addmm.default)
-def _addmm(c: Ctx, _: Any) -> Node:
-    bias, x, y = c.arg(0), c.arg(1), c.arg(2)
-    beta, alpha = c.kwarg("beta", 1), c.kwarg("alpha", 1)
-    out = matmul(c.b, x, y, c.out_dtype)
-    if alpha != 1:
-        out = c.b.ew(Op.MUL, out, alpha)
-    if beta != 0:
-        out = c.b.ew(Op.ADD, out, bias if beta == 1 else c.b.ew(Op.MUL, bias, beta))
-    return out
-
-
-@lower(aten.scaled_dot_product_attention.default)
-def _sdpa(c: Ctx, _: Any) -> Node:
-    q, k, v = c.arg(0), c.arg(1), c.arg(2)
-    mask = c.kw("attn_mask", 3)
-    causal = bool(c.kw("is_causal", 5, False))
-    scale = c.kw("scale", 6)
-    gqa = bool(c.kw("enable_gqa", 7, False))
-    b, dt = c.b, c.out_dtype
-    if gqa and not dims_equal(q.shape[-3], k.shape[-3]):
-        rep = int(q.shape[-3]) // int(k.shape[-3])
-        k, v = (_repeat_heads(b, t, rep) for t in (k, v))
-    e = q.shape[-1]
-    scale = scale if scale is not None else 1.0 / math.sqrt(int(e)) if isinstance(e, int) else None
-    if scale is None:
-        raise UnsupportedOp("scaled_dot_product_attention with a dynamic head dimension")
-    kt = b.permute(k, (*range(k.type.rank - 2), k.type.rank - 1, k.type.rank - 2))
-    scores = b.ew(Op.MUL, matmul(b, q, kt, dt), float(scale))
-    L, S = scores.shape[-2], scores.shape[-1]
-    if causal:
-        rows = b.reshape(b.add(Op.ARANGE, (), DType.i64, (L,), ArangeAttr(0, 1)), (L, 1))
-        cols = b.reshape(b.add(Op.ARANGE, (), DType.i64, (S,), ArangeAttr(0, 1)), (1, S))
-        scores = b.where(b.ew(Op.GE, rows, cols), scores, float("-inf"), dt)
-    if mask is not None:
-        scores = b.where(mask, scores, float("-inf"), dt) if mask.dtype is DType.bool else b.ew(Op.ADD, scores, mask, dtype=dt)
-    scores = b.cast(scores, _compute_dtype(dt))
-    probs = softmax(b, scores, scores.type.rank - 1)
-    # rows that are masked everywhere give zeros, as torch's SDPA does (not NaN)
-    probs = b.where(b.ew(Op.NE, probs, probs), 0.0, probs, probs.dtype)
-    return matmul(b, b.cast(probs, dt), v, dt)
-
-
-def _repeat_heads(b: Builder, t: Node, rep: int) -> Node:
-    *batch, h, s, d = t.shape
-    x = b.reshape(t, (*batch, h, 1, s, d))
-    x = b.broadcast_to(x, (*batch, h, rep, s, d))
-    return b.reshape(x, (*batch, h * rep, s, d))
-
-
-def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
-    if isinstance(v, int):
-        return (v,) * n
-    v = tuple(int(x) for x in v)
-    return v * n if len(v) == 1 else v
-
-
-@lower(aten.convolution.default)
-def _conv(c: Ctx, _: Any) -> Node:
-    x, w, bias = c.arg(0), c.arg(1), c.arg(2)
-    stride, padding, dilation, transposed, _outpad, groups = (c.arg(i) for i in range(3, 9))
-    if transposed:
-        raise UnsupportedOp("aten.convolution with transposed=True (ConvTranspose)")
-    if x.type.rank == 3:  # conv1d as conv2d with a unit height
-        x = c.b.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2]))
-        w = c.b.reshape(w, (w.shape[0], w.shape[1], 1, w.shape[2]))
-        stride, padding, dilation = (1, *_pair(stride, 1)), (0, *_pair(padding, 1)), (1, *_pair(dilation, 1))
-        out_shape = c.out_shape
-        shape4 = (out_shape[0], out_shape[1], 1, out_shape[2])
-    elif x.type.rank == 4:
-        shape4 = c.out_shape
-    else:
-        raise UnsupportedOp(f"aten.convolution on a rank-{x.type.rank} input (conv1d/conv2d only)")
-    dt = c.out_dtype
-    attr = ConvAttr(_pair(stride), _pair(padding), _pair(dilation), int(groups))  # type: ignore[arg-type]
-    y = c.b.add(Op.CONV2D, (c.b.cast(x, dt), c.b.cast(w, dt)), dt, shape4, attr)
-    if bias is not None:
-        y = c.b.ew(Op.ADD, y, c.b.reshape(bias, (1, bias.shape[0], 1, 1)))
-    return c.b.reshape(y, c.out_shape)
-
-
-@lower(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
-def _max_pool(c: Ctx, _: Any) -> Any:
-    x = c.arg(0)
-    kernel = _pair(c.arg(1))
-    stride = _pair(c.arg(2) or kernel)
-    attr = PoolAttr("max", kernel, stride, _pair(c.arg(3, 0)), _pair(c.arg(4, 1)), bool(c.arg(5, False)), False)  # type: ignore[arg-type]
-    y = c.b.add(Op.POOL2D, (x,), x.dtype, c.out_shape, attr)
-    return (y, None) if c.target is aten.max_pool2d_with_indices.default else y
-
-
-@lower(aten.avg_pool2d.default)
-def _avg_pool(c: Ctx, _: Any) -> Node:
-    x = c.arg(0)
-    kernel = _pair(c.arg(1))
-    stride = _pair(c.arg(2) or kernel)
-    attr = PoolAttr("avg", kernel, stride, _pair(c.arg(3, 0)), (1, 1), bool(c.arg(4, False)),  # type: ignore[arg-type]
-                    bool(c.arg(5, True)), c.arg(6, None))  # fmt: skip
-    return c.b.add(Op.POOL2D, (x,), x.dtype, c.out_shape, attr)
-
-
-@lower(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
-def _adaptive_avg(c: Ctx, _: Any) -> Node:
-    x = c.arg(0)
-    oh, ow = _pair(c.arg(1))
-    h, w = x.shape[2], x.shape[3]
-    if not (isinstance(h, int) and isinstance(w, int)) or h % oh or w % ow:
-        raise UnsupportedOp(f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow} (only exact divisors are supported)")
-    k = (h // oh, w // ow)
-    attr = PoolAttr("avg", k, k, (0, 0), (1, 1), False, True, None)
-    return c.b.add(Op.POOL2D, (x,), x.dtype, c.out_shape, attr)
-
-
 # ---- the driver ----------------------------------------------------------------------------------------
 
 
@@ -874,3 +600,8 @@ def _check_supported(gm: torch.fx.GraphModule) -> None:
             "the model uses ops aotc cannot lower yet:\n" + "\n".join(lines)
             + "\n  fix: rewrite those lines with supported ops (see docs/ops.md), or file an issue naming the op"
         )  # fmt: skip
+
+
+# The reduction, normalisation and library-op lowerings live in lower_nn.py (it registers into TABLE);
+# imported last because it builds on the helpers above.
+from . import lower_nn  # noqa: E402, F401
