@@ -706,14 +706,12 @@ def fuse(graph: Graph) -> tuple[K.Program, list[str]]:
     for t, (_, kern) in enumerate(sched):
         kind = type(kern).__name__.lower()
         kernels.append(replace(kern, name=f"k{t:03d}_{kind}"))
-    by_kind = lambda kind: [b for n, b in f.buffers.items() if b.kind == kind]  # noqa: E731
     inputs = [f.buffers[n] for n in graph.inputs]
     outputs = [f.buffers[n] for n in graph.outputs]
-    weights = sorted(by_kind("weight"), key=lambda b: int(b.name[1:]))
     arena = [f.buffers[root] for root, _ in sched if f.buffers[root].kind == "arena"]
-    del by_kind
     used = set().union(*(K.reads(k) for k in kernels)) if kernels else set()
-    weights = [w for w in weights if w.name in used]
+    # graph order is the w0, w1, ... naming order, so the ABI order follows the graph
+    weights = [f.buffers[n] for n in graph.nodes if n.op is Op.WEIGHT and f.buffers[n].name in used]
     labels = {f.buffers[n].name: n.attr.name for n in graph.nodes if isinstance(n.attr, InputAttr | WeightAttr) and n in f.buffers}
     labels.update({b.name: f"output{k}" for k, b in enumerate(outputs)})
     prog = K.Program(graph.symbols, inputs, outputs, weights, arena, kernels, labels=labels)
