@@ -8,6 +8,7 @@ Real-size weights (100+ MB a model) cannot travel to the device machine, so ``bu
 host with its GPU hidden from the process: the builder never touches a GPU (cross-compiled cubins, no
 autotuning), exactly as on a build machine. Small-config zoo packages built on a GPU-less machine run in
 tests/gpu/test_packages_gpu.py. Each model: fp32 (TF32 off, rtol 1e-4) and bf16 (rtol 2e-2).
+tests/gpu/on_device.sh drives the three steps on the device machine.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ def emit(
     example: tuple,
     dyn,
     cases: list[tuple],
+    recipe: str,
     precision: str = "fp32",
 ) -> None:
     cap = capture_module(model, example, dyn, name=name, precision=precision)
@@ -61,6 +62,9 @@ def emit(
         for i, x in enumerate(xs):
             ref[f"in.{k}.{i}"] = _np(x)
         ref[f"out.{k}"] = _np(y)
+    # cuda_refs.py rebuilds the module from the recipe and these weights to make the eager-on-CUDA reference
+    ref["recipe"] = np.array(recipe)
+    torch.save(m.state_dict(), out / f"{name}.weights.pt")
     np.savez(out / f"{name}.ref.npz", **ref)
     print("built", name, flush=True)
 
@@ -96,6 +100,7 @@ def main(out: Path, quick: bool) -> None:
                 ex,
                 mod.dynamic_shapes,
                 [at(2), at(5)],
+                f"example:{name}",
                 precision,
             )
     for case in CASES[: 8 if quick else None]:
@@ -107,9 +112,9 @@ def main(out: Path, quick: bool) -> None:
         for b in sizes:
             torch.manual_seed(b)
             cases.append(case.inputs(b))
-        emit(out, f"op_{case.name}", model, ex, dynamic_shapes(case, ex), cases)
+        emit(out, f"op_{case.name}", model, ex, dynamic_shapes(case, ex), cases, f"op:{case.name}")
         if any(x.is_floating_point() for x in ex):
-            emit(out, f"op_{case.name}_bf16", model, ex, dynamic_shapes(case, ex), cases, "bf16")
+            emit(out, f"op_{case.name}_bf16", model, ex, dynamic_shapes(case, ex), cases, f"op:{case.name}", "bf16")
     for z in ZOO[: 2 if quick else None]:
         torch.manual_seed(0)
         model = FirstOutput(z.make().eval())
@@ -118,7 +123,7 @@ def main(out: Path, quick: bool) -> None:
         for b, s in shapes:
             torch.manual_seed(b)
             cases.append(zoo_inputs(z, b, s))
-        emit(out, f"zoo_{z.name}", model, zoo_inputs(z, 2), zoo_dynamic(z), cases)
+        emit(out, f"zoo_{z.name}", model, zoo_inputs(z, 2), zoo_dynamic(z), cases, f"zoo:{z.name}")
 
 
 if __name__ == "__main__":

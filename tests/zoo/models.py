@@ -98,13 +98,17 @@ class RealModel:
     torchvision: bool = False
 
 
-REAL = [
+REAL = [  # transformers' default configs are the real sizes (ViT-B/16, ResNet-50, ConvNeXt-T, MobileNetV2 1.0)
+    RealModel("hf_vit_base", lambda: _t().ViTModel(_t().ViTConfig()), False, ((8, 224), (2, 224))),
+    RealModel("hf_resnet50", lambda: _t().ResNetModel(_t().ResNetConfig()), False, ((8, 224), (2, 224))),
+    RealModel("hf_convnext_tiny", lambda: _t().ConvNextModel(_t().ConvNextConfig()), False, ((8, 224), (2, 224))),
+    RealModel("hf_mobilenet_v2", lambda: _t().MobileNetV2Model(_t().MobileNetV2Config()), False, ((8, 224), (2, 224))),
     RealModel("resnet50", _tv("resnet50"), False, ((8, 224), (2, 224)), torchvision=True),
     RealModel("vit_b_16", _tv("vit_b_16"), False, ((8, 224), (2, 224)), torchvision=True),
     RealModel("mobilenet_v3_large", _tv("mobilenet_v3_large"), False, ((8, 224), (2, 224)), torchvision=True),
     RealModel("convnext_tiny", _tv("convnext_tiny"), False, ((8, 224), (2, 224)), torchvision=True),
     RealModel("bert_base", lambda: _t().BertModel(_t().BertConfig()), True, ((8, 128), (2, 64))),
-    RealModel("gpt2_small", lambda: _t().GPT2Model(_t().GPT2Config()), True, ((2, 256), (1, 256))),
+    RealModel("gpt2_small", lambda: _t().GPT2Model(_t().GPT2Config()), True, ((2, 256), (1, 128))),
     RealModel("t5_small_encoder", lambda: _t().T5EncoderModel(_t().T5Config()), True, ((8, 128), (2, 64))),
     RealModel("llama_4l_1024", lambda: _t().LlamaModel(_t().LlamaConfig(hidden_size=1024, num_hidden_layers=4,
               num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816)), True, ((4, 128), (1, 64))),  # fmt: skip

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The H200 run, in steps that fit the device tool's 10-minute calls. Run from the repo root there:
+#   bash tests/gpu/on_device.sh zoo-start packages zoo-wait     # call 1 (carry .gpu-artifacts .whl .whl-zoo)
+#   bash tests/gpu/on_device.sh zoo-run bench                    # call 2, while the machine is still warm
+# packages:  eager-on-CUDA references (cuda_refs.py), then test_packages_gpu.py over .gpu-artifacts, which
+#            tests/gpu/make_artifacts.py built on a machine without a GPU.
+# zoo-start: torch references for the real-size zoo, then one builder per model in the background with the
+#            GPU hidden (real-size weights cannot travel; see benchmarks/gpu_zoo.py).
+# zoo-wait:  waits for those builds; zoo-run: the runtime alone checks and times every package.
+# bench:     benchmarks/gpu_examples.py, aotc with and without CUDA graphs, and eager torch.
+# .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+ZOO=/tmp/zoo
+mkdir -p "$OUT" "$ZOO"
+if [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+fi
+if ls .whl-zoo/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site-zoo ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-zoo .whl-zoo/*.whl
+fi
+mkdir -p /tmp/pp && ln -sfn "$PWD/runtime" /tmp/pp/aotc && ln -sfn "$PWD/aot" /tmp/pp/aotc_build
+export PYTHONPATH=/tmp/site:/tmp/pp PYTHONUNBUFFERED=1
+ZOOPATH=/tmp/site-zoo:$PYTHONPATH
+MODELS=${MODELS:-"resnet50 vit_b_16 mobilenet_v3_large convnext_tiny bert_base gpt2_small t5_small_encoder llama_4l_1024 hf_vit_base hf_resnet50 hf_convnext_tiny hf_mobilenet_v2"}
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import sys, numpy, cffi, torch, triton; print(sys.version, numpy.__version__, cffi.__version__, torch.__version__, triton.__version__)"
+  PYTHONPATH=$ZOOPATH python3 -c "import transformers; print('transformers', transformers.__version__)"
+} > "$OUT/env.txt" 2>&1
+
+for step in "$@"; do
+  echo "== $step $(date -u +%T)"
+  case $step in
+    packages)
+      python3 tests/gpu/cuda_refs.py .gpu-artifacts > "$OUT/cuda_refs.log" 2>&1 || tail -20 "$OUT/cuda_refs.log"
+      rm -f "$OUT/packages.jsonl"
+      AOTC_GPU_ARTIFACTS=.gpu-artifacts AOTC_REQUIRE_CUDA_REFS=1 AOTC_GPU_RESULTS="$OUT/packages.jsonl" timeout 420 \
+        python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_packages_gpu.py 2>&1 \
+        | tee "$OUT/pytest_packages.log" | tail -15 ;;
+    zoo-start)
+      PYTHONPATH=$ZOOPATH python3 benchmarks/gpu_zoo.py ref "$ZOO" $MODELS 2>&1 | grep -v Warning > "$ZOO/ref.log"
+      tail -3 "$ZOO/ref.log"
+      for m in $MODELS; do  # setsid: the builders outlive this call; zoo-wait collects them
+        CUDA_VISIBLE_DEVICES= PYTHONPATH=$ZOOPATH setsid bash -c \
+          "python3 benchmarks/gpu_zoo.py build $ZOO $m > $ZOO/build_$m.log 2>&1; echo \$? > $ZOO/build_$m.rc" &
+      done ;;
+    llama-capture)  # capture only, with the image's own transformers: tells torch from transformers trouble
+      CUDA_VISIBLE_DEVICES= python3 - > "$OUT/llama_capture.log" 2>&1 <<'PY'
+import sys, traceback
+sys.path.insert(0, "tests")
+import torch, transformers
+from aotc_build.capture import capture_module
+from zoo.models import REAL, ZOO, FirstOutput, dynamic_shapes, inputs, real_dynamic, real_inputs, real_module
+print("torch", torch.__version__, "transformers", transformers.__version__)
+small = next(z for z in ZOO if z.name == "llama")
+real = next(m for m in REAL if m.name == "llama_4l_1024")
+for name, make in (("small", lambda: capture_module(FirstOutput(small.make().eval()), inputs(small, 2), dynamic_shapes(small))),
+                   ("real", lambda: capture_module(real_module(real), real_inputs(real, 4, 128), real_dynamic(real)))):
+    try:
+        make(); print(name, "captured")
+    except Exception:
+        print(name, "FAILED"); traceback.print_exc()
+PY
+      grep -E "captured|FAILED" "$OUT/llama_capture.log" ;;
+    zoo-wait)
+      for _ in $(seq 1 ${ZOO_WAIT_S:-400}); do
+        n=$(ls "$ZOO"/build_*.rc 2>/dev/null | wc -l); [ "$n" -ge "$(echo $MODELS | wc -w)" ] && break; sleep 1
+      done
+      for f in "$ZOO"/build_*.log; do echo "--- $f rc=$(cat "${f%.log}.rc" 2>/dev/null)"; grep -v Warning "$f" | tail -40; done \
+        > "$OUT/zoo_build.log"
+      cp "$ZOO/ref.log" "$OUT/zoo_ref.log"; grep -h "^built" "$ZOO"/build_*.log ;;
+    zoo-run)
+      python3 benchmarks/gpu_zoo.py run "$ZOO" "$OUT/gpu_zoo.json" 2>&1 | tee "$OUT/zoo_run.log" | cut -c1-200 ;;
+    bench)
+      python3 benchmarks/gpu_examples.py .gpu-artifacts "$OUT/gpu_examples_aotc.json" 2>&1 | tee "$OUT/bench.log"
+      python3 benchmarks/gpu_examples.py .gpu-artifacts "$OUT/gpu_examples_torch.json" --torch 2>&1 | tee -a "$OUT/bench.log" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
