@@ -7,7 +7,6 @@ failures become ``CaptureError`` naming the cause and the user's source line, no
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import re
@@ -205,7 +204,11 @@ def _explain(e: Exception, path: Path) -> str:
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     where = _user_frame(e, path)
     hint = "fix: rewrite that line to avoid it, or mark the dimension dynamic with a matching range"
-    with contextlib.suppress(Exception):
-        if "Constraints violated" in text:
-            hint = "fix: adjust dynamic_shapes (see torch's suggested fixes in the first line)"
-    return f"cannot capture {path.name}: {cause}.\n  {type(e).__name__}: {first}\n{where}\n  {hint}".rstrip()
+    detail = ""
+    if "Constraints violated" in text:
+        # torch's own account: which dimension, what the code required, and its suggested Dim ranges
+        lines = [ln.rstrip() for ln in text.strip().splitlines()[1:]]
+        keep = [ln for ln in lines if ln.startswith("  ") or ln.startswith("Suggested fixes")][:12]
+        detail = "".join(f"\n  {ln}" for ln in keep)
+        hint = "fix: adjust dynamic_shapes (or --dynamic) to torch's suggested fixes above"
+    return f"cannot capture {path.name}: {cause}.\n  {type(e).__name__}: {first}{detail}\n{where}\n  {hint}".rstrip()

@@ -98,7 +98,8 @@ CASES = [
            lambda b: (r(b, 12),)),  # fmt: skip
     OpCase("layer_norm_bf16_math", lambda: Fn(lambda m, x: F.layer_norm(x * 3 + 1, (16,)).softmax(-1)), lambda b: (r(b, 4, 16),)),
     OpCase("pad", lambda: Fn(lambda m, x: F.pad(x, (1, 2, 0, 1), value=0.5)), lambda b: (r(b, 3, 4),)),
-    OpCase("cumsum_arange", lambda: Fn(lambda m, x: x.cumsum(1) + torch.arange(x.shape[1], dtype=torch.float32)),
+    OpCase("cumsum_arange", lambda: Fn(lambda m, x: x.cumsum(1) + torch.arange(x.shape[1], dtype=torch.float32,
+                                                                                 device=x.device)),
            lambda b: (r(b, 10),)),  # fmt: skip
     OpCase("int_ops", lambda: Fn(lambda m, x: ((x // 3) + (x % 5) * 2 - x.cumsum(-1)).float() * 0.5),
            lambda b: (torch.randint(-20, 20, (b, 9)),)),  # fmt: skip

@@ -141,3 +141,22 @@ def test_dynamic_flag_overrides_model_dims(tmp_path: Path) -> None:
     assert (sym.label, sym.min, sym.max) == ("batch", 1, 64)
     with pytest.raises(UsageError, match="no input 'x'"):
         capture(src, dynamic=("x:0:batch",))
+
+
+def test_specialised_dynamic_dim_names_torchs_reason_and_fix(tmp_path: Path) -> None:
+    src = tmp_path / "fixed.py"
+    src.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.register_buffer('p', torch.randn(16))\n"
+        "    def forward(self, x):\n"
+        "        return x + self.p\n"
+        "model = M()\nexample_inputs = (torch.randn(2, 16),)\n"
+    )
+    with pytest.raises(CaptureError) as e:
+        capture(src, dynamic=("x:1:seq:2:64",))
+    msg = str(e.value)
+    assert "specialised" in msg and "specialized it to be a constant (16)" in msg
+    assert "Suggested fixes" in msg and "seq = 16" in msg and "fix:" in msg

@@ -50,33 +50,45 @@ def _tensor(a: np.ndarray, bf16: bool) -> torch.Tensor:
 def main(art: Path) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    failed = []
     for ref_path in sorted(art.glob("*.ref.npz")):
         name = ref_path.name.removesuffix(".ref.npz")
-        ref = np.load(ref_path)
-        bf16 = name.endswith("_bf16")
-        model = _module(str(ref["recipe"])).eval()
-        if bf16:
-            model = model.to(torch.bfloat16)
-        model.load_state_dict(torch.load(art / f"{name}.weights.pt", map_location="cpu"))
-        model = model.to(DEVICE)
-        outs, worst = {}, 0.0
-        k = 0
-        while f"out.{k}" in ref:
-            xs = []
-            i = 0
-            while f"in.{k}.{i}" in ref:
-                xs.append(_tensor(ref[f"in.{k}.{i}"], bf16).to(DEVICE))
-                i += 1
-            with torch.no_grad():
-                y = model(*xs)
-            y = y.float().cpu().numpy() if y.is_floating_point() else y.cpu().numpy()
-            outs[f"out.{k}"] = y
-            cpu = _tensor(ref[f"out.{k}"], bf16).float().numpy()
-            if y.dtype.kind == "f":
-                worst = max(worst, float(np.abs(y - cpu).max() / max(np.abs(cpu).max(), 1.0)))
-            k += 1
-        np.savez(art / f"{name}.cuda.npz", **outs)
+        try:
+            worst = _reference(art, name, np.load(ref_path))
+        except Exception as e:  # one broken recipe must not hide the others; its package test then fails
+            failed.append(name)
+            print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
+            continue
         print(f"{name}: eager {DEVICE} vs eager CPU {worst:.2e}", flush=True)
+    if failed:
+        sys.exit(f"no {DEVICE} reference for {len(failed)} packages: {' '.join(failed)}")
+
+
+def _reference(art: Path, name: str, ref: np.lib.npyio.NpzFile) -> float:
+    bf16 = name.endswith("_bf16")
+    model = _module(str(ref["recipe"])).eval()
+    if bf16:
+        model = model.to(torch.bfloat16)
+    model.load_state_dict(torch.load(art / f"{name}.weights.pt", map_location="cpu"))
+    model = model.to(DEVICE)
+    outs, worst = {}, 0.0
+    k = 0
+    while f"out.{k}" in ref:
+        xs = []
+        i = 0
+        while f"in.{k}.{i}" in ref:
+            xs.append(_tensor(ref[f"in.{k}.{i}"], bf16).to(DEVICE))
+            i += 1
+        with torch.no_grad():
+            y = model(*xs)
+        y = y.float().cpu().numpy() if y.is_floating_point() else y.cpu().numpy()
+        outs[f"out.{k}"] = y
+        cpu = _tensor(ref[f"out.{k}"], bf16).float().numpy()
+        if y.dtype.kind == "f":
+            worst = max(worst, float(np.abs(y - cpu).max() / max(np.abs(cpu).max(), 1.0)))
+        k += 1
+    np.savez(art / f"{name}.cuda.npz", **outs)
+    return worst
 
 
 if __name__ == "__main__":

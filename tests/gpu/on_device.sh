@@ -46,7 +46,7 @@ for step in "$@"; do
           "python3 benchmarks/gpu_zoo.py build $ZOO $m > $ZOO/build_$m.log 2>&1; echo \$? > $ZOO/build_$m.rc" &
       done ;;
     llama-capture)  # capture only, with the image's own transformers: tells torch from transformers trouble
-      CUDA_VISIBLE_DEVICES= python3 - > "$OUT/llama_capture.log" 2>&1 <<'PY'
+      CUDA_VISIBLE_DEVICES= TORCH_LOGS=dynamic python3 - > "$OUT/llama_capture.log" 2>&1 <<'PY'
 import sys, traceback
 sys.path.insert(0, "tests")
 import torch, transformers
@@ -55,12 +55,24 @@ from zoo.models import REAL, ZOO, FirstOutput, dynamic_shapes, inputs, real_dyna
 print("torch", torch.__version__, "transformers", transformers.__version__)
 small = next(z for z in ZOO if z.name == "llama")
 real = next(m for m in REAL if m.name == "llama_4l_1024")
-for name, make in (("small", lambda: capture_module(FirstOutput(small.make().eval()), inputs(small, 2), dynamic_shapes(small))),
+
+
+class NoCache(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x, use_cache=False, return_dict=False)[0]
+
+
+for name, make in (("small", lambda: capture_module(FirstOutput(small.make()), inputs(small, 2), dynamic_shapes(small))),
+                   ("small use_cache=False", lambda: capture_module(NoCache(small.make()), inputs(small, 2), dynamic_shapes(small))),
                    ("real", lambda: capture_module(real_module(real), real_inputs(real, 4, 128), real_dynamic(real)))):
     try:
         make(); print(name, "captured")
-    except Exception:
-        print(name, "FAILED"); traceback.print_exc()
+    except Exception as e:
+        print(name, "FAILED", e)
 PY
       grep -E "captured|FAILED" "$OUT/llama_capture.log" ;;
     zoo-wait)

@@ -23,11 +23,35 @@ class FirstOutput(nn.Module):
         return self.model(x, return_dict=False)[0]
 
 
+def calibrate_batch_norms(model: nn.Module, image_size: int) -> nn.Module:
+    """Random init leaves BatchNorm's running stats at (0, 1), so activations shrink layer by layer (MobileNetV2's
+    output was ~1e-21) and any comparison passes. Estimate the stats on random images, as training would set
+    them, so every layer sees unit-scale values. Returns the model in eval mode."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        gen = torch.Generator().manual_seed(1234)
+        for bn in norms:
+            bn.reset_running_stats()
+            bn.momentum = None  # a cumulative average over the calibration batches
+        model.train()
+        with torch.no_grad():
+            for _ in range(2):
+                model(torch.randn(4, 3, image_size, image_size, generator=gen))
+        for bn in norms:
+            bn.momentum = 0.1
+    return model.eval()
+
+
 @dataclass(frozen=True)
 class ZooModel:
     name: str
-    make: Callable[[], nn.Module]
+    factory: Callable[[], nn.Module]
     text: bool  # token ids (batch, seq) vs images (batch, 3, H, W)
+
+    def make(self) -> nn.Module:
+        """The model in eval mode, batch norms calibrated."""
+        model = self.factory()
+        return model.eval() if self.text else calibrate_batch_norms(model, 32)
 
 
 def _t():  # imported lazily so collection stays fast where transformers is missing
@@ -121,6 +145,8 @@ def real_module(m: RealModel) -> nn.Module:
         # torchvision zero-initialises some classifier heads (vit_b_16): a zero output proves nothing
         if isinstance(mod, nn.Linear) and name.endswith("head") and not mod.weight.any():
             nn.init.normal_(mod.weight, std=0.02)
+    if not m.text:
+        calibrate_batch_norms(model, m.shapes[0][1])
     return (Plain if m.torchvision else FirstOutput)(model)
 
 
