@@ -27,6 +27,7 @@ class Captured:
     example_inputs: tuple[Any, ...]
     input_names: list[str]
     dim_labels: dict[tuple[str, int], str]  # (input name, axis) -> the user's Dim name
+    dim_ranges: dict[tuple[str, int], tuple[int, int | None]]  # (input name, axis) -> declared (min, max)
     name: str
     source_sha256: str
     path: Path
@@ -76,10 +77,11 @@ def _user_frame(exc: BaseException, path: Path) -> str:
     return found
 
 
-def _dim_labels(dynamic_shapes: Any, input_names: list[str]) -> dict[tuple[str, int], str]:
-    labels: dict[tuple[str, int], str] = {}
+def _declared_dims(dynamic_shapes: Any, input_names: list[str]) -> dict[tuple[str, int], tuple[str, int, int | None]]:
+    """(input name, axis) -> (Dim name, min, max or None) for every named Dim in dynamic_shapes."""
+    out: dict[tuple[str, int], tuple[str, int, int | None]] = {}
     if dynamic_shapes is None:
-        return labels
+        return out
     items: list[tuple[str, Any]]
     items = list(dynamic_shapes.items()) if isinstance(dynamic_shapes, dict) else list(zip(input_names, dynamic_shapes, strict=False))
     for name, spec in items:
@@ -87,8 +89,10 @@ def _dim_labels(dynamic_shapes: Any, input_names: list[str]) -> dict[tuple[str, 
             for axis, dim in spec.items():
                 label = getattr(dim, "__name__", None)
                 if label:
-                    labels[(name, int(axis))] = str(label)
-    return labels
+                    hi = getattr(dim, "max", None)
+                    top = int(hi) if hi is not None and getattr(hi, "is_finite", True) else None
+                    out[(name, int(axis))] = (str(label), int(getattr(dim, "min", 0)), top)
+    return out
 
 
 def parse_dynamic(specs: tuple[str, ...], example_inputs: tuple[Any, ...], names: list[str]) -> dict[str, Any]:
@@ -161,9 +165,10 @@ def capture_module(
     if dynamic:
         dynamic_shapes = parse_dynamic(dynamic, inputs, names)
     where = path or Path(f"{name}.py")
+    declared = _declared_dims(dynamic_shapes, names)
     try:
         with torch.no_grad():
-            ep = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+            ep = _export(model, inputs, dynamic_shapes, declared, names)
             ep = ep.run_decompositions(_decompositions())
     except Exception as e:
         raise CaptureError(_explain(e, where)) from None
@@ -172,11 +177,63 @@ def capture_module(
         model=model,
         example_inputs=inputs,
         input_names=[s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"],
-        dim_labels=_dim_labels(dynamic_shapes, names),
+        dim_labels={k: v[0] for k, v in declared.items()},
+        dim_ranges={k: (v[1], v[2]) for k, v in declared.items()},
         name=name,
         source_sha256=source_sha256,
         path=where,
     )
+
+
+def _export(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any, declared: dict, names: list[str]) -> Any:
+    """torch.export with the declared dims. Some torch releases (2.11) cannot prove guards that hold over the
+    whole declared range, e.g. ``min(16*seq, 32*seq) == 16*seq`` in transformers' Llama, and report a violated
+    constraint. Then export again with each dim as ``Dim.AUTO`` over the same range and keep that program only
+    if every declared dim is still its own free symbol over at least the declared range; a real
+    specialisation fails that check and the first error stands."""
+    try:
+        return torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+    except Exception as e:
+        if dynamic_shapes is None or "Constraints violated" not in str(e):
+            raise
+        first = e
+    try:
+        ep = torch.export.export(model, inputs, dynamic_shapes=_as_auto(dynamic_shapes))
+    except Exception:
+        raise first from None
+    if not _keeps_declared_dims(ep, declared, names):
+        raise first
+    return ep
+
+
+def _as_auto(spec: Any) -> Any:
+    if isinstance(spec, dict):
+        return {k: _as_auto(v) for k, v in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_as_auto(v) for v in spec)
+    if getattr(spec, "__name__", None) and hasattr(spec, "min") and hasattr(spec, "max"):  # a named Dim
+        return torch.export.Dim.AUTO(min=spec.min, max=spec.max)
+    return spec
+
+
+def _keeps_declared_dims(ep: Any, declared: dict, names: list[str]) -> bool:
+    import sympy
+
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    shapes = {n.name: n.meta["val"].shape for n in ep.graph.nodes if n.op == "placeholder"}
+    symbol_of: dict[str, Any] = {}
+    for (name, axis), (dim, lo, hi) in declared.items():
+        if name not in names or names.index(name) >= len(user):
+            return False
+        size = shapes[user[names.index(name)]][axis]
+        expr = size.node.expr if hasattr(size, "node") else size
+        if not isinstance(expr, sympy.Symbol) or symbol_of.setdefault(dim, expr) != expr:
+            return False
+        vr = ep.range_constraints.get(expr)
+        # AUTO dims start at 2 (torch traces 0 and 1 as general sizes, as it does for a named Dim(min=1))
+        if vr is None or int(vr.lower) > max(lo, 2) or (hi is not None and vr.upper.is_finite and int(vr.upper) < hi):
+            return False
+    return len(set(symbol_of.values())) == len(symbol_of)  # distinct declared dims stay distinct
 
 
 def _decompositions() -> Any:

@@ -571,6 +571,9 @@ def _symbols(cap: Captured, inputs: list[Node]) -> list[Symbol]:
                 lo = int(vr.lower) if vr is not None else 0
                 hi_raw = vr.upper if vr is not None else None
                 hi = int(hi_raw) if hi_raw is not None and hi_raw.is_finite else None
+                # the user's declared range wins: an export retried with Dim.AUTO reports min 2 for min=1 dims
+                declared_lo, declared_hi = cap.dim_ranges.get((node.attr.name, axis), (lo, hi))
+                lo, hi = declared_lo, hi if declared_hi is None else declared_hi
                 label = cap.dim_labels.get((node.attr.name, axis), f"{node.attr.name}.shape[{axis}]")
                 found[d.name] = Symbol(d.name, label, max(lo, 0), hi)
     for node in inputs:

@@ -160,3 +160,41 @@ def test_specialised_dynamic_dim_names_torchs_reason_and_fix(tmp_path: Path) -> 
     msg = str(e.value)
     assert "specialised" in msg and "specialized it to be a constant (16)" in msg
     assert "Suggested fixes" in msg and "seq = 16" in msg and "fix:" in msg
+
+
+def test_unprovable_guard_falls_back_to_auto_dims_over_the_declared_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11 reports a violated constraint for transformers' Llama on a guard that holds over the whole
+    range; capture then exports again with Dim.AUTO and keeps the declared symbols and ranges."""
+    real_export = torch.export.export
+    calls = []
+
+    def first_call_fails(model, args, dynamic_shapes=None, **kw):  # type: ignore[no-untyped-def]
+        calls.append(dynamic_shapes)
+        if len(calls) == 1:
+            raise RuntimeError("Constraints violated (seq)! min(16*s, 32*s) == 16*s")
+        return real_export(model, args, dynamic_shapes=dynamic_shapes, **kw)
+
+    monkeypatch.setattr(torch.export, "export", first_call_fails)
+    model = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+
+    class Attn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("seq", min=2, max=64)
+    g = lower_program(capture_module(Attn(), (torch.randn(2, 5, 16),), ({0: batch, 1: seq},)))
+    assert len(calls) == 2
+    assert sorted((s.label, s.min, s.max) for s in g.symbols) == [("batch", 1, 8), ("seq", 2, 64)]
+
+
+def test_fallback_keeps_a_real_specialisation_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    class Fixed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.ones(16)
+
+    with pytest.raises(CaptureError, match="specialized it to be a constant"):
+        capture_module(Fixed(), (torch.randn(2, 16),), ({1: torch.export.Dim("seq", min=2, max=64)},))

@@ -26,7 +26,9 @@ class FirstOutput(nn.Module):
 def calibrate_batch_norms(model: nn.Module, image_size: int) -> nn.Module:
     """Random init leaves BatchNorm's running stats at (0, 1), so activations shrink layer by layer (MobileNetV2's
     output was ~1e-21) and any comparison passes. Estimate the stats on random images, as training would set
-    them, so every layer sees unit-scale values. Returns the model in eval mode."""
+    them, then halve every scale: at unit gain a random deep net is chaotic (eager bf16 drifts 0.1-0.7 from
+    fp32 on ResNet-50), at half gain it is as stable as a trained one (< 1e-2) and its outputs stay O(0.01-1).
+    Returns the model in eval mode."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if norms:
         gen = torch.Generator().manual_seed(1234)
@@ -39,6 +41,8 @@ def calibrate_batch_norms(model: nn.Module, image_size: int) -> nn.Module:
                 model(torch.randn(4, 3, image_size, image_size, generator=gen))
         for bn in norms:
             bn.momentum = 0.1
+            if bn.weight is not None:
+                bn.weight.data *= 0.5
     return model.eval()
 
 
