@@ -84,3 +84,27 @@ def test_example_in_runtime_only_venv(name: str, tmp_path: Path, runtime_venv: P
                          text=True, env=env, check=False)  # fmt: skip
     assert run.returncode == 5, run.stderr
     assert "batch" in run.stderr and str(limit) in run.stderr
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_builds_real_cubins_for_sm80_and_sm90(name: str, tmp_path: Path, aotc_cache: Path) -> None:
+    """On this GPU-less machine: one package with both archs, each kernel a CUDA ELF (e_machine 190) whose
+    flags name the arch it was listed under; the runtime's parser accepts both targets."""
+    import struct
+
+    from aotc import cuda_plan
+    from aotc.package import Package
+    from aotc_build.cubin import elf_sm
+
+    pkg = tmp_path / f"{name}.pkg"
+    targets = (Target("cuda", "sm_80"), Target("cuda", "sm_90"))
+    build(ROOT / "examples" / f"{name}.py", pkg, BuildOptions(targets=targets, selftest=False), cache_dir=aotc_cache)
+    with Package(pkg) as p:
+        cudas = [cuda_plan.parse(t.raw) for t in p.manifest.cuda_targets]
+        assert sorted(t.arch for t in cudas) == ["sm_80", "sm_90"]
+        for t in cudas:
+            assert t.kernels and t.launches
+            for k in t.kernels:
+                image = p.read(k.member)  # hash-checked
+                assert image[:4] == b"\x7fELF" and struct.unpack_from("<H", image, 18)[0] == 190, k.member
+                assert f"sm_{elf_sm(image, k.ptxas_version)}" == t.arch, k.member

@@ -123,7 +123,8 @@ def main(out: Path, quick: bool) -> None:
         for b, s in shapes:
             torch.manual_seed(b)
             cases.append(zoo_inputs(z, b, s))
-        emit(out, f"zoo_{z.name}", model, zoo_inputs(z, 2), zoo_dynamic(z), cases, f"zoo:{z.name}")
+        for precision, suffix in (("fp32", ""), ("bf16", "_bf16")):
+            emit(out, f"zoo_{z.name}{suffix}", model, zoo_inputs(z, 2), zoo_dynamic(z), cases, f"zoo:{z.name}", precision)
 
 
 if __name__ == "__main__":
