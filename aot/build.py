@@ -68,7 +68,7 @@ def _cpu_target(prog: K.Program, target: Target, options: BuildOptions, cache_di
     spec = CpuTarget(
         level=target.arch, features=tuple(LEVEL_FEATURES[target.arch]), library=member, abi_version=1,
         arena_bytes=to_size(prog.arena_size), compiler=lib.compiler_version, flags=tuple(lib.flags),
-        kernels=tuple(k.name for k in prog.kernels),
+        kernels=tuple(k.name for k in prog.kernels), min_glibc=lib.min_glibc,
     )  # fmt: skip
     return spec, {member: lib.so_bytes}
 

@@ -214,6 +214,7 @@ def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
             echo(
                 f"target    cpu:{tg.level}  {tg.library}, {len(tg.kernels)} kernels, "
                 f"arena {m.pretty(tg.arena_bytes)} bytes, abi {tg.abi_version}, {tg.compiler}"
+                + (f", glibc >= {tg.min_glibc}" if tg.min_glibc else "")
             )
         else:
             kernels = tg.raw.get("kernels")

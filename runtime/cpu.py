@@ -20,6 +20,7 @@ import fcntl
 import functools
 import os
 import platform
+import re
 import sys
 import threading
 import weakref
@@ -65,6 +66,35 @@ def select_target(targets: Sequence[CpuTarget], flags: frozenset[str] | None = N
         f"no CPU target of this package runs on this CPU ({cpu_level(have)}): {needs}. "
         f"Rebuild with --target cpu:{cpu_level(have)} (or cpu:native on this machine)"
     )
+
+
+def glibc_version() -> tuple[int, int] | None:
+    """This process's glibc as (major, minor); None under another C library (musl)."""
+    try:
+        name = os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"
+    except (ValueError, OSError):
+        return None
+    m = re.fullmatch(r"glibc (\d+)\.(\d+).*", name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_glibc(target: CpuTarget, have: tuple[int, int] | None = None) -> None:
+    """Refuse before dlopen, which would only say "version `GLIBC_2.36' not found"."""
+    if not target.min_glibc:
+        return
+    need = tuple(int(x) for x in target.min_glibc.split("."))
+    have = glibc_version() if have is None else have
+    if have is None:
+        raise IncompatiblePackage(
+            f"{target.library} needs glibc {target.min_glibc} or newer; this machine has no glibc (musl?): "
+            "run it on a glibc Linux, or build the package on one whose glibc is no newer than the target's"
+        )
+    if have < need:
+        raise IncompatiblePackage(
+            f"{target.library} needs glibc {target.min_glibc} or newer; this machine has {have[0]}.{have[1]}: "
+            f"build the package on a machine whose glibc is {have[0]}.{have[1]} or older (the library takes "
+            "the newest symbol versions of the build machine's glibc)"
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,6 +181,7 @@ class CpuExecutor:
         for w in self._weights:
             if w.ctypes.data % 64 and w.size:
                 raise ValueError("weights must be 64-byte aligned (the C ABI promises it)")
+        check_glibc(target)
         code = package.read(target.library)  # the sha256 check happens here, before dlopen sees a byte
         self._lib = _dlopen_bytes(code, target.library)
         # cffi never dlcloses on its own; without this every load would leak a mapped library.

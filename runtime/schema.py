@@ -122,6 +122,7 @@ class CpuTarget:
     compiler: str
     flags: tuple[str, ...]
     kernels: tuple[str, ...]
+    min_glibc: str = ""  # newest GLIBC_x.y symbol version the library needs ("" for none)
     kind: str = "cpu"
 
 
@@ -205,7 +206,7 @@ def _target(t: Target) -> dict[str, Any]:
     return {
         "kind": t.kind, "level": t.level, "features": list(t.features), "library": t.library,
         "abi_version": t.abi_version, "arena_bytes": t.arena_bytes, "compiler": t.compiler,
-        "flags": list(t.flags), "kernels": list(t.kernels),
+        "flags": list(t.flags), "kernels": list(t.kernels), "min_glibc": t.min_glibc,
     }  # fmt: skip
 
 
@@ -345,7 +346,10 @@ def _target_from(v: object, where: str) -> Target:
         compiler=o.text("compiler"),
         flags=o.texts("flags"),
         kernels=o.texts("kernels"),
+        min_glibc=o.get("min_glibc", optional=True) or "",
     )
+    if not isinstance(t.min_glibc, str) or (t.min_glibc and not re.fullmatch(r"\d+\.\d+", t.min_glibc)):
+        raise _bad(o.at("min_glibc"), f"expected a glibc version like '2.36', got {t.min_glibc!r}")
     o.done()
     return t
 

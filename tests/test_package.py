@@ -81,6 +81,8 @@ def test_manifest_round_trip() -> None:
         (("weights", "member"), "../weights.safetensors", "weights.member"),
         (("targets", 0, "kind"), "tpu", "targets[0].kind"),
         (("model", "color"), "blue", "model.color"),
+        (("targets", 0, "min_glibc"), "2.x", "targets[0].min_glibc"),
+        (("targets", 0, "min_glibc"), 236, "targets[0].min_glibc"),
     ],
 )
 def test_manifest_field_errors_name_the_field(path: tuple, value: object, field: str) -> None:

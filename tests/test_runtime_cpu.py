@@ -170,6 +170,37 @@ def test_abi_version_checks(make_package) -> None:
         aotc.load(make_package("v7.pkg", defines=("FAKE_ABI=7",)))
 
 
+def test_glibc_requirement_is_checked_before_dlopen(make_package) -> None:
+    def newer(m, members):
+        return dataclasses.replace(m, targets=(dataclasses.replace(m.targets[0], min_glibc="99.0"),)), members
+
+    with pytest.raises(IncompatiblePackage, match=r"needs glibc 99.0 or newer; this machine has \d+\.\d+: build"):
+        aotc.load(make_package("glibc99.pkg", edit=newer))
+    have = cpu.glibc_version()
+    assert have is not None and have >= (2, 17)
+    t = dataclasses.replace(_target("x86-64-v2"), min_glibc="2.36")
+    cpu.check_glibc(t, have=(2, 36))
+    cpu.check_glibc(dataclasses.replace(t, min_glibc=""), have=(1, 0))
+    with pytest.raises(IncompatiblePackage, match="needs glibc 2.36 or newer; this machine has 2.31"):
+        cpu.check_glibc(t, have=(2, 31))
+
+
+def test_built_library_records_the_glibc_it_needs(tmp_path: Path, aotc_cache: Path) -> None:
+    import torch
+    from aotc.package import Package
+    from aotc_build.build import build_captured
+    from aotc_build.capture import capture_module
+    from aotc_build.options import BuildOptions, Target
+
+    cap = capture_module(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()), (torch.randn(2, 4),))
+    pkg = tmp_path / "m.pkg"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", "x86-64-v2"),), selftest=False), aotc_cache)
+    with Package(pkg) as p:
+        (t,) = p.manifest.cpu_targets
+    assert re.fullmatch(r"2\.\d+", t.min_glibc), t.min_glibc
+    assert tuple(map(int, t.min_glibc.split("."))) <= cpu.glibc_version()
+
+
 def test_cdef_matches_the_abi_header() -> None:
     header = (INCLUDE / "aotc_abi.h").read_text()
 
