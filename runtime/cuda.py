@@ -27,7 +27,7 @@ import numpy as np
 
 from . import cuda_plan as plan
 from . import shapes
-from .cuda_arrays import check_elf, device_ptr, dtype_name, host_array, np_dtype, shape_of
+from .cuda_arrays import check_elf, device_ptr, host_array, shape_of
 from .cuda_driver import (
     CAPTURE_THREAD_LOCAL,
     CLUSTER_POLICY_SPREAD,
@@ -46,6 +46,8 @@ from .cuda_driver import (
     host_ptr,
 )
 from .errors import AotcError, DeviceError, IncompatiblePackage, InputMismatch, PackageCorrupt
+from .schema import dtype_name
+from .schema import numpy_dtype as np_dtype
 
 __all__ = [
     "CudaExecutor",

@@ -22,6 +22,7 @@ from .cuda_driver import (
     Driver,
 )
 from .errors import InputMismatch, PackageCorrupt
+from .schema import numpy_dtype as np_dtype
 
 _DL_DTYPES = {
     (0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8",
@@ -29,22 +30,6 @@ _DL_DTYPES = {
     (1, 1): "bool",
 }  # fmt: skip
 KDL_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
-
-
-def np_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a manifest dtype name (bfloat16 through ml_dtypes)."""
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def dtype_name(dt: np.dtype) -> str | None:
-    for name in plan.DTYPES:
-        if dt == np_dtype(name):
-            return name
-    return None
 
 
 def nbytes(shape: tuple[int, ...], dtype: str) -> int:

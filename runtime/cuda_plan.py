@@ -40,6 +40,7 @@ from typing import Any
 
 from . import shapes
 from .errors import PackageCorrupt
+from .schema import ITEMSIZE
 from .shapes import Size
 
 FORMAT = 1
@@ -56,7 +57,7 @@ SCALAR_BYTES = {
     "f64": 8,
 }
 PARAM_BYTES = {"ptr": 8, **SCALAR_BYTES, "global_scratch": 8, "profile_scratch": 8}
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+DTYPES = tuple(ITEMSIZE)  # the manifest's dtype names: one table, in aotc.schema
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMBER = re.compile(r"^cuda/sm_[0-9]+a?/[A-Za-z_][A-Za-z0-9_]*\.(cubin|py)$")
 
