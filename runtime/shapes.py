@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 Size = int | str
 
@@ -110,25 +110,27 @@ def evaluate(size: Size, env: Mapping[str, int]) -> int:
     return _eval(_parse(size), env)
 
 
-def to_c(size: Size) -> str:
-    """The size as a C expression over int64_t variables named like the symbols.
-
-    Sizes are never negative, so C's truncating ``/`` and ``%`` agree with Python's floor forms;
-    Max/Min/CeilDiv map to inline helpers declared in ``aotc_abi.h``.
-    """
-    if isinstance(size, int):
-        return f"INT64_C({size})" if abs(size) > 2**31 - 1 else str(size)
+def render(
+    size: str,
+    *,
+    name: Callable[[str], str],
+    div: str,
+    minmax: Callable[[str, str, str], str],
+    ceildiv: Callable[[str, str], str],
+    const: Callable[[int], str] = str,
+) -> str:
+    """A size expression spelled in another language: the one walk over the grammar, for C and Triton.
+    ``div`` spells both FloorDiv and ``//``; ``minmax(fn, a, b)`` gets fn "Max" or "Min"."""
 
     def emit(n: ast.expr) -> str:
         if isinstance(n, ast.Constant):
-            v = int(n.value)  # type: ignore[arg-type]
-            return f"INT64_C({v})" if abs(v) > 2**31 - 1 else str(v)
+            return const(int(n.value))  # type: ignore[arg-type]
         if isinstance(n, ast.Name):
-            return n.id
+            return name(n.id)
         if isinstance(n, ast.UnaryOp):
             return f"(-{emit(n.operand)})"
         if isinstance(n, ast.BinOp):
-            op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "/", ast.Mod: "%"}[type(n.op)]
+            op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: div, ast.Mod: "%"}[type(n.op)]
             return f"({emit(n.left)} {op} {emit(n.right)})"
         assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
         args = [emit(a) for a in n.args]
@@ -136,12 +138,30 @@ def to_c(size: Size) -> str:
         if fn in ("Max", "Min"):
             out = args[0]
             for a in args[1:]:
-                out = f"aotc_{fn.lower()}({out}, {a})"
+                out = minmax(fn, out, a)
             return out
         if fn == "CeilDiv":
-            return f"aotc_ceildiv({args[0]}, {args[1]})"
+            return ceildiv(args[0], args[1])
         if fn == "FloorDiv":
-            return f"({args[0]} / {args[1]})"
+            return f"({args[0]} {div} {args[1]})"
         return f"({args[0]} % {args[1]})"
 
     return emit(_parse(size))
+
+
+def _c_int(v: int) -> str:
+    return f"INT64_C({v})" if abs(v) > 2**31 - 1 else str(v)
+
+
+def to_c(size: Size) -> str:
+    """The size as a C expression over int64_t variables named like the symbols.
+
+    Sizes are never negative, so C's truncating ``/`` and ``%`` agree with Python's floor forms;
+    Max/Min/CeilDiv map to inline helpers declared in ``aotc_abi.h``.
+    """
+    if isinstance(size, int):
+        return _c_int(size)
+    return render(
+        size, name=lambda n: n, div="/", const=_c_int,
+        minmax=lambda fn, a, b: f"aotc_{fn.lower()}({a}, {b})", ceildiv=lambda a, b: f"aotc_ceildiv({a}, {b})",
+    )  # fmt: skip

@@ -14,7 +14,6 @@ than the pointer it guards (Triton only broadcasts masks and values *to* the poi
 
 from __future__ import annotations
 
-import ast
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 
 import sympy
 from aotc.errors import CompileError
-from aotc.shapes import Size
+from aotc.shapes import Size, render
 
 from .. import kernel as K
 from ..ir import DType, Family, Op
@@ -249,39 +248,21 @@ class Gen:
         size = to_size(expr)
         if isinstance(size, int):
             return str(size), NO_AXES
-        tree = ast.parse(size, mode="eval").body
         axes: set[str] = set()
-        code = self._ix(tree, axes)
-        return code, frozenset(axes)
 
-    def _ix(self, n: ast.expr, axes: set[str]) -> str:
-        if isinstance(n, ast.Constant):
-            return str(n.value)
-        if isinstance(n, ast.Name):
-            if n.id in self.loopvars:
-                code, ax = self.loopvars[n.id]
+        def name(n: str) -> str:
+            if n in self.loopvars:
+                code, ax = self.loopvars[n]
                 axes.update(ax)
                 return code
-            self.syms.add(n.id)
-            return f"ks_{n.id}"
-        if isinstance(n, ast.UnaryOp):
-            return f"(-{self._ix(n.operand, axes)})"
-        if isinstance(n, ast.BinOp):
-            op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}[type(n.op)]
-            return f"({self._ix(n.left, axes)} {op} {self._ix(n.right, axes)})"
-        assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-        args = [self._ix(a, axes) for a in n.args]
-        fn = n.func.id
-        if fn in ("Max", "Min"):
-            out = args[0]
-            for a in args[1:]:
-                out = f"tl.{'maximum' if fn == 'Max' else 'minimum'}({out}, {a})"
-            return out
-        if fn == "CeilDiv":
-            return f"(({args[0]} + {args[1]} - 1) // {args[1]})"
-        if fn == "FloorDiv":
-            return f"({args[0]} // {args[1]})"
-        return f"({args[0]} % {args[1]})"
+            self.syms.add(n)
+            return f"ks_{n}"
+
+        code = render(
+            size, name=name, div="//", ceildiv=lambda a, b: f"(({a} + {b} - 1) // {b})",
+            minmax=lambda fn, a, b: f"tl.{'maximum' if fn == 'Max' else 'minimum'}({a}, {b})",
+        )  # fmt: skip
+        return code, frozenset(axes)
 
     def decompose(self, flat: str, ranges: tuple[sympy.Expr, ...], prefix: str, axes: Axes) -> None:
         """Bind ``{prefix}0..`` to the row-major digits of ``flat`` over ``ranges``."""
