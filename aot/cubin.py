@@ -348,10 +348,11 @@ def build_cuda_target(
     launches: list[plan.Launch] = []
     members: dict[str, bytes] = {}
     versions: set[str] = set()
+    index_i64 = tg.index_is_i64(prog)  # a property of the whole program; ~0.04 s a kernel to recompute
     for k in prog.kernels:
         name = kernel_name(k.name, taken)
         k_named = _renamed(k, name)
-        tk = tg.generate(prog, k_named, options, sm)
+        tk = tg.generate(prog, k_named, options, sm, index_i64)
         body = tk.source.replace(f"def {name}(", "def __kernel__(", 1)
         kinds = [sig_kind(p.sig) for p in tk.params]
         pk = by_body.get(body)

@@ -195,29 +195,30 @@ def encode_tensors(named: Sequence[tuple[str, np.ndarray]]) -> bytes:
     specs = [tensor_spec(n, a) for n, a in named]
     if len({s.name for s in specs}) != len(specs) or any(s.name.startswith(PAD_PREFIX) for s in specs):
         raise ValueError("tensor names must be unique and must not start with " + PAD_PREFIX)
-    blobs = [np.ascontiguousarray(a).tobytes() for _, a in named]
-
     # Offsets are relative to the data start, which the space-padded header puts on a 64-byte boundary.
     hdr: dict[str, object] = {"__metadata__": {"format": "aotc"}}
-    parts: list[bytes] = []
+    places: list[tuple[int, np.ndarray]] = []
     pos = 0
-    for k, (spec, blob) in enumerate(zip(specs, blobs, strict=True)):
+    for k, (spec, (_, arr)) in enumerate(zip(specs, named, strict=True)):
         gap = -pos % ALIGN
         if gap:
             hdr[f"{PAD_PREFIX}{k}"] = {"dtype": "U8", "shape": [gap], "data_offsets": [pos, pos + gap]}
-            parts.append(bytes(gap))
             pos += gap
-        shape = list(spec.shape)
-        hdr[spec.name] = {
-            "dtype": ST_DTYPES[spec.dtype],
-            "shape": shape,
-            "data_offsets": [pos, pos + len(blob)],
-        }
-        parts.append(blob)
-        pos += len(blob)
+        hdr[spec.name] = {"dtype": ST_DTYPES[spec.dtype], "shape": list(spec.shape), "data_offsets": [pos, pos + arr.nbytes]}
+        places.append((pos, arr))
+        pos += arr.nbytes
     text = json.dumps(hdr, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % ALIGN)
-    return struct.pack("<Q", len(text)) + text + b"".join(parts)
+    head = struct.pack("<Q", len(text)) + text
+    # one copy of each tensor, straight into place (weights run to gigabytes); gaps stay zero
+    out = bytearray(len(head) + pos)
+    out[: len(head)] = head
+    for at, arr in places:
+        if not arr.nbytes:
+            continue
+        start = len(head) + at
+        np.copyto(np.frombuffer(out, np.uint8, arr.nbytes, start).view(arr.dtype).reshape(arr.shape), arr)
+    return bytes(out)
 
 
 def weights_member(named: Sequence[tuple[str, np.ndarray]], member: str = "weights.safetensors") -> tuple[Weights, bytes]:

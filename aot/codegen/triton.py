@@ -650,11 +650,12 @@ def scan(prog: K.Program, k: K.Scan, index_i64: bool) -> TritonKernel:
     return g.finish(k.name, g.w, {"XBLOCK": xb, "RBLOCK": rb}, (_cdiv(outer, xb), 1, 1), num_warps=warps)
 
 
-def generate(prog: K.Program, k: K.Kernel, options: BuildOptions, sm: int) -> TritonKernel:
-    """The Triton module for one kernel of ``prog`` (for GPU ``sm``, which only shapes tile choice)."""
+def generate(prog: K.Program, k: K.Kernel, options: BuildOptions, sm: int, index_i64: bool | None = None) -> TritonKernel:
+    """The Triton module for one kernel of ``prog`` (for GPU ``sm``, which only shapes tile choice).
+    ``index_i64``: ``index_is_i64(prog)``, which callers generating every kernel compute once."""
     from .triton_templates import conv, matmul
 
-    index_i64 = index_is_i64(prog)
+    index_i64 = index_is_i64(prog) if index_i64 is None else index_i64
     try:
         if isinstance(k, K.Pointwise):
             return pointwise(prog, k, index_i64)
