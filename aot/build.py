@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,15 +46,34 @@ class BuildReport:
     weights_bytes: int
     targets: list[str]
     fusion_log: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage, in pipeline order
+
+    def timing(self) -> str:
+        total = sum(self.seconds.values())
+        return f"{total:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items())
 
 
-def compile_graph(cap: Captured) -> tuple[Graph, K.Program, list[str]]:
-    """Everything up to the target-independent kernel program."""
-    graph = lower_program(cap)
-    verify(graph, "lower")
-    graph = run_pipeline(graph, verify)
-    prog, fusion_log = fuse(graph)
-    return graph, plan_memory(prog), fusion_log
+@contextlib.contextmanager
+def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+def compile_graph(cap: Captured, seconds: dict[str, float] | None = None) -> tuple[Graph, K.Program, list[str]]:
+    """Everything up to the target-independent kernel program (``seconds`` collects stage times)."""
+    seconds = {} if seconds is None else seconds
+    with _stage(seconds, "lower"):
+        graph = lower_program(cap)
+        verify(graph, "lower")
+    with _stage(seconds, "passes"):
+        graph = run_pipeline(graph, verify)
+    with _stage(seconds, "fuse"):
+        prog, fusion_log = fuse(graph)
+        prog = plan_memory(prog)
+    return graph, prog, fusion_log
 
 
 def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
@@ -120,34 +142,41 @@ def build(
     inputs_entry: str | None = None,
     cache_dir: Path | None = None,
 ) -> BuildReport:
+    t0 = time.perf_counter()
     cap = capture(Path(model_path), entry, inputs_entry, options.dynamic, options.precision)
-    return build_captured(cap, out_path, options, cache_dir)
+    return build_captured(cap, out_path, options, cache_dir, {"capture": time.perf_counter() - t0})
 
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "aotc"
 
 
-def build_captured(cap: Captured, out_path: Path, options: BuildOptions, cache_dir: Path | None = None) -> BuildReport:
+def build_captured(
+    cap: Captured, out_path: Path, options: BuildOptions, cache_dir: Path | None = None, seconds: dict[str, float] | None = None
+) -> BuildReport:
     cache_dir = cache_dir or default_cache_dir()
-    graph, prog, fusion_log = compile_graph(cap)
+    seconds = {} if seconds is None else seconds
+    graph, prog, fusion_log = compile_graph(cap, seconds)
     for line in fusion_log:
         log.info("fusion: %s", line)
 
-    weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in prog.weights])
+    with _stage(seconds, "weights"):
+        weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in prog.weights])
     members: dict[str, bytes] = {weights.member: blob}
     targets: list[CpuTarget | CudaTargetRaw] = []
     for t in options.targets:
-        spec, mem = (_cpu_target if t.kind == "cpu" else _cuda_target)(prog, t, options, cache_dir)
+        with _stage(seconds, str(t)):
+            spec, mem = (_cpu_target if t.kind == "cpu" else _cuda_target)(prog, t, options, cache_dir)
         targets.append(spec)
         members.update(mem)
 
     selftest = None
     if options.selftest:
-        ins, outs = _selftest(cap, prog)
-        rtol, atol = TOLERANCE.get(prog.outputs[0].dtype, (1e-4, 1e-5)) if prog.outputs else (1e-4, 1e-5)
-        selftest, st_blob = selftest_member(ins, outs, rtol, atol)
-        members[selftest.member] = st_blob
+        with _stage(seconds, "selftest"):
+            ins, outs = _selftest(cap, prog)
+            rtol, atol = TOLERANCE.get(prog.outputs[0].dtype, (1e-4, 1e-5)) if prog.outputs else (1e-4, 1e-5)
+            selftest, st_blob = selftest_member(ins, outs, rtol, atol)
+            members[selftest.member] = st_blob
 
     manifest = Manifest(
         model=ModelInfo(cap.name, cap.source_sha256),
@@ -159,5 +188,8 @@ def build_captured(cap: Captured, out_path: Path, options: BuildOptions, cache_d
         targets=tuple(targets),
         selftest=selftest,
     )
-    write_package(out_path, manifest, members)
-    return BuildReport(Path(out_path), len(prog.kernels), len(blob), [str(t) for t in options.targets], fusion_log)
+    with _stage(seconds, "write"):
+        write_package(out_path, manifest, members)
+    report = BuildReport(Path(out_path), len(prog.kernels), len(blob), [str(t) for t in options.targets], fusion_log, seconds)
+    log.info("built %s in %s", out_path, report.timing())
+    return report

@@ -98,6 +98,8 @@ def build(
         report = run_build(model, out, BuildOptions(**kwargs), entry, inputs_entry, Path(cache) if cache else None)
         summary = f" ({report.kernels} kernels; targets {', '.join(report.targets)})" if report is not None else ""
         click.echo(f"wrote {out}{summary}")
+        if report is not None and report.seconds:
+            click.echo(f"  in {report.timing()}")
 
 
 def _load_input(spec: str, model: Model) -> tuple[str, np.ndarray]:

@@ -173,3 +173,14 @@ def test_every_error_class_maps_to_its_exit_code(name: str) -> None:
     r = CliRunner().invoke(boom, [])
     assert r.exit_code == cls.exit_code
     assert r.stderr.strip() == f"aotc: {name}: the thing and the fix"
+
+
+def test_build_reports_kernels_and_stage_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aotc_cache: Path) -> None:
+    monkeypatch.setenv("AOTC_CACHE_DIR", str(aotc_cache))
+    example = Path(__file__).resolve().parents[1] / "examples" / "mlp.py"
+    r = invoke("build", example, "-o", tmp_path / "mlp.pkg", "--target", "cpu:x86-64-v2")
+    assert r.exit_code == 0, r.output
+    wrote, timing = r.stdout.strip().splitlines()[-2:]
+    assert wrote == f"wrote {tmp_path / 'mlp.pkg'} (3 kernels; targets cpu:x86-64-v2)"
+    stages = [part.split()[0] for part in timing.split(": ", 1)[1].split(", ")]
+    assert stages == ["capture", "lower", "passes", "fuse", "weights", "cpu:x86-64-v2", "selftest", "write"]
