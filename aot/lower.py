@@ -23,7 +23,9 @@ from .capture import Captured
 from .ir import (
     ArangeAttr,
     AxisAttr,
+    Dim,
     DType,
+    FullAttr,
     Graph,
     InputAttr,
     Node,
@@ -480,16 +482,46 @@ def _gather(c: Ctx, _: Any) -> Node:
 
 @lower(aten.index.Tensor)
 def _index(c: Ctx, _: Any) -> Node:
+    """x[i0, i1, ...] with integer index tensors (None for a full slice). One index is an INDEX_SELECT.
+    Several broadcast together and address the indexed dims as one merged dim: x is permuted so they sit
+    together (where torch puts the broadcast dims: in place when adjacent, else in front), reshaped to
+    merge them, and one INDEX_SELECT takes the row-major flat index."""
     x, indices = c.arg(0), c.arg(1)
     live = [(k, i) for k, i in enumerate(indices) if i is not None]
-    if len(live) != 1 or live[0][1].dtype is DType.bool:
-        raise UnsupportedOp("aten.index.Tensor with more than one index tensor or a boolean mask")
-    axis, idx = live[0]
-    flat = c.b.cast(c.b.reshape(idx, (idx.type.numel(),)), DType.i64)
-    shape = list(x.shape)
-    shape[axis] = flat.shape[0]
-    sel = c.b.add(Op.INDEX_SELECT, (x, flat), x.dtype, tuple(shape), AxisAttr(axis))
+    if any(i.dtype is DType.bool for _, i in live):
+        raise UnsupportedOp("aten.index.Tensor with a boolean mask (its output size depends on the data)")
+    if len(live) == 1:
+        axis, idx = live[0]
+        one = c.b.cast(c.b.reshape(idx, (idx.type.numel(),)), DType.i64)
+        shape = list(x.shape)
+        shape[axis] = one.shape[0]
+        sel = c.b.add(Op.INDEX_SELECT, (x, one), x.dtype, tuple(shape), AxisAttr(axis))
+        return c.b.reshape(sel, c.out_shape)
+    axes = [k for k, _ in live]
+    rest = [k for k in range(x.type.rank) if k not in axes]
+    start = axes[0] if axes == list(range(axes[0], axes[0] + len(axes))) else 0
+    xp = c.b.permute(x, rest[:start] + axes + rest[start:])
+    merged: Dim = 1
+    for k in axes:
+        merged = merged * x.shape[k]
+    xm = c.b.reshape(xp, (*xp.shape[:start], as_dim(merged), *xp.shape[start + len(axes) :]))
+    flat: Node | None = None
+    for k, idx in live:
+        size = _size_node(c.b, x.shape[k])
+        i = c.b.cast(idx, DType.i64)
+        i = c.b.where(c.b.ew(Op.LT, i, 0), c.b.ew(Op.ADD, i, size), i, DType.i64)  # torch's negative indices
+        flat = i if flat is None else c.b.ew(Op.ADD, c.b.ew(Op.MUL, flat, size), i)
+    assert flat is not None
+    flat = c.b.reshape(flat, (flat.type.numel(),))
+    shape = list(xm.shape)
+    shape[start] = flat.shape[0]
+    sel = c.b.add(Op.INDEX_SELECT, (xm, flat), x.dtype, tuple(shape), AxisAttr(start))
     return c.b.reshape(sel, c.out_shape)
+
+
+def _size_node(b: Builder, d: Dim) -> Node:
+    """A size as a 0-d int64 tensor, symbolic or not."""
+    return b.full(d, DType.i64) if isinstance(d, int) else b.add(Op.FULL, (), DType.i64, (), FullAttr(sympy.sympify(d)))
 
 
 # ---- the driver ----------------------------------------------------------------------------------------

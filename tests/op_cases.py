@@ -87,6 +87,10 @@ CASES = [
     OpCase("adaptive_avgpool", lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), lambda b: (r(b, 4, 6, 6),)),
     OpCase("adaptive_avgpool_2x2", lambda: nn.AdaptiveAvgPool2d(2), lambda b: (r(b, 4, 6, 6),)),
     OpCase("embedding", lambda: nn.Embedding(50, 16), lambda b: (torch.randint(0, 50, (b, 7)),)),
+    OpCase("index_adjacent", lambda: Fn(lambda m, x: x[:, m.i0, m.i1] * 2, i0=torch.tensor([[3], [-1], [0], [-5]]),
+                                        i1=torch.tensor([[5, -6, 2]])), lambda b: (r(b, 5, 6, 3),)),  # fmt: skip
+    OpCase("index_apart", lambda: Fn(lambda m, x: x[:, m.i0, :, m.i1] + 1, i0=torch.tensor([4, -2, 0]),
+                                     i1=torch.tensor([-7, 6, 3])), lambda b: (r(b, 5, 6, 7),)),  # fmt: skip
     OpCase("index_select", lambda: Fn(lambda m, x: torch.index_select(x, 1, m.idx), idx=torch.tensor([3, 0, 2, 2])),
            lambda b: (r(b, 5, 3),)),  # fmt: skip
     OpCase("gather", lambda: Fn(lambda m, x, i: torch.gather(x, 1, i)), lambda b: (r(b, 5, 3), torch.randint(0, 5, (b, 4, 3)))),

@@ -23,6 +23,30 @@ class FirstOutput(nn.Module):
         return self.model(x, return_dict=False)[0]
 
 
+class WithMask(nn.Module):
+    """Token ids and a padding mask: transformers' attention-mask path (expand, compare, where/masked_fill)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, attention_mask=attention_mask, return_dict=False)[0]
+
+
+def padded_inputs(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids and a right-padded mask: row i keeps its first seq - i tokens (at least one), as a tokenizer pads."""
+    ids = torch.randint(0, 128, (batch, seq))
+    keep = torch.clamp(seq - torch.arange(batch), min=1)
+    mask = (torch.arange(seq)[None, :] < keep[:, None]).long()
+    return ids, mask
+
+
+def padded_dynamic_shapes() -> tuple:
+    batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("seq", min=2, max=64)
+    return ({0: batch, 1: seq}, {0: batch, 1: seq})
+
+
 def calibrate_batch_norms(model: nn.Module, image_size: int) -> nn.Module:
     """Random init leaves BatchNorm's running stats at (0, 1), so activations shrink layer by layer (MobileNetV2's
     output was ~1e-21) and any comparison passes. Estimate the stats on random images, as training would set
