@@ -36,9 +36,10 @@ def _module(recipe: str) -> torch.nn.Module:
         from op_cases import CASES
 
         return next(c for c in CASES if c.name == name).make()
-    from zoo.models import ZOO, FirstOutput
+    from zoo.models import ZOO, FirstOutput, WithMask
 
-    return FirstOutput(next(z for z in ZOO if z.name == name).make())
+    z = next(z for z in ZOO if z.name == name)
+    return WithMask(z.make()) if kind == "zoo_masked" else FirstOutput(z.make())
 
 
 def _tensor(a: np.ndarray, bf16: bool) -> torch.Tensor:

@@ -23,7 +23,7 @@ from aotc_build.build import build_captured  # noqa: E402
 from aotc_build.capture import capture_module  # noqa: E402
 from aotc_build.options import BuildOptions, Target  # noqa: E402
 from op_cases import CASES, dynamic_shapes  # noqa: E402
-from zoo.models import ZOO, FirstOutput  # noqa: E402
+from zoo.models import ZOO, FirstOutput, WithMask, padded_dynamic_shapes, padded_inputs  # noqa: E402
 from zoo.models import dynamic_shapes as zoo_dynamic  # noqa: E402
 from zoo.models import inputs as zoo_inputs  # noqa: E402
 
@@ -125,6 +125,16 @@ def main(out: Path, quick: bool) -> None:
             cases.append(zoo_inputs(z, b, s))
         for precision, suffix in (("fp32", ""), ("bf16", "_bf16")):
             emit(out, f"zoo_{z.name}{suffix}", model, zoo_inputs(z, 2), zoo_dynamic(z), cases, f"zoo:{z.name}", precision)
+        if z.text:  # with a padding mask, as tokenizer batches come
+            torch.manual_seed(0)
+            masked = WithMask(z.make())
+            cases = []
+            for b, s in [(2, 5), (4, 24)]:
+                torch.manual_seed(b)
+                cases.append(padded_inputs(b, s))
+            for precision, suffix in (("fp32", ""), ("bf16", "_bf16")):
+                emit(out, f"zoo_{z.name}_masked{suffix}", masked, padded_inputs(3, 16), padded_dynamic_shapes(), cases,
+                     f"zoo_masked:{z.name}", precision)  # fmt: skip
 
 
 if __name__ == "__main__":
