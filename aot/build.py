@@ -123,8 +123,14 @@ def _selftest(cap: Captured, prog: K.Program) -> tuple[list[tuple[str, np.ndarra
     if len(leaves) != len(prog.outputs):
         raise UnsupportedOp(f"the model returns {len(leaves)} tensors but export produced {len(prog.outputs)} outputs")
     ins = [(prog.labels[b.name], _numpy(x)) for b, x in zip(prog.inputs, cap.example_inputs, strict=True)]
-    outs = [(prog.labels[b.name], _numpy(x)) for b, x in zip(prog.outputs, leaves, strict=True)]
+    outs = [(name, _numpy(x)) for name, x in zip(_output_names(cap, prog), leaves, strict=True)]
     return ins, outs
+
+
+def _output_names(cap: Captured, prog: K.Program) -> list[str]:
+    if len(cap.output_names) == len(prog.outputs):
+        return cap.output_names
+    return [prog.labels[b.name] for b in prog.outputs]
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -183,7 +189,7 @@ def build_captured(
         build=_versions(options),
         symbols=tuple(Symbol(s.name, s.label, s.min, s.max) for s in prog.symbols),
         inputs=tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.inputs),
-        outputs=tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.outputs),
+        outputs=tuple(_spec(name, b.dtype, b.shape) for name, b in zip(_output_names(cap, prog), prog.outputs, strict=True)),
         weights=weights,
         targets=tuple(targets),
         selftest=selftest,

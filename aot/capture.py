@@ -12,7 +12,7 @@ import importlib.util
 import re
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class Captured:
     name: str
     source_sha256: str
     path: Path
+    output_names: list[str] = field(default_factory=list)  # from the output pytree: "last_hidden_state", ...
 
 
 def _load_module(path: Path) -> Any:
@@ -182,7 +183,27 @@ def capture_module(
         name=name,
         source_sha256=source_sha256,
         path=where,
+        output_names=_output_names(ep),
     )
+
+
+def _output_names(ep: Any) -> list[str]:
+    """Names for the flattened outputs from their pytree paths: a ModelOutput's or dict's keys, dotted through
+    nesting ("last_hidden_state", "pooler_output"); bare tensors and tuples of them stay output0, output1, ..."""
+    import torch.utils._pytree as pytree
+
+    spec = ep.call_spec.out_spec
+    if spec is None:
+        return []
+    paths = [p for p, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * spec.num_leaves, spec))[0]]
+    names = []
+    for k, path in enumerate(paths):
+        if all(isinstance(e, pytree.SequenceKey) for e in path):
+            names.append(f"output{k}")
+            continue
+        parts = [str(getattr(e, "key", getattr(e, "name", getattr(e, "idx", "")))) for e in path]
+        names.append(re.sub(r"[^A-Za-z0-9_.]", "_", ".".join(parts)))
+    return names if len(set(names)) == len(names) else [f"output{k}" for k in range(len(names))]
 
 
 def _export(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any, declared: dict, names: list[str]) -> Any:

@@ -198,3 +198,27 @@ def test_fallback_keeps_a_real_specialisation_an_error(monkeypatch: pytest.Monke
 
     with pytest.raises(CaptureError, match="specialized it to be a constant"):
         capture_module(Fixed(), (torch.randn(2, 16),), ({1: torch.export.Dim("seq", min=2, max=64)},))
+
+
+def test_output_names_follow_the_output_pytree(tmp_path: Path, aotc_cache: Path) -> None:
+    from aotc.package import Package
+    from aotc_build.build import build_captured
+    from aotc_build.options import BuildOptions, Target
+
+    class Dict(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> dict:
+            return {"logits": x * 2, "aux": (x + 1, x.sum(-1))}
+
+    class Pair(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple:
+            return x * 2, x - 1
+
+    cap = capture_module(Dict(), (torch.randn(2, 3),))
+    assert cap.output_names == ["logits", "aux.0", "aux.1"]
+    assert capture_module(Pair(), (torch.randn(2, 3),)).output_names == ["output0", "output1"]
+    pkg = tmp_path / "d.pkg"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", "x86-64-v2"),)), aotc_cache)
+    with Package(pkg) as p:
+        assert [t.name for t in p.manifest.outputs] == ["logits", "aux.0", "aux.1"]
+        assert p.manifest.selftest is not None and list(p.manifest.selftest.outputs) == [
+            "output.logits", "output.aux.0", "output.aux.1"]  # fmt: skip
