@@ -140,8 +140,14 @@ def source_line(fx: torch.fx.Node) -> str | None:
     user = [f for f in frames if "/torch/" not in f[0] and "/transformers/" not in f[0]] or frames
     if not user:
         return None
-    file, line, fn, code = user[-1]
-    return f"{file.rsplit('/', 1)[-1]}:{line} in {fn}: {code.strip()}"
+
+    def fmt(f: tuple[str, str, str, str]) -> str:
+        return f"{f[0].rsplit('/', 1)[-1]}:{f[1]} in {f[2]}: {f[3].strip()}"
+
+    # the library line that made the op (transformers' code, say), when it is not the user's own
+    inner = [f for f in frames if "/torch/" not in f[0]]
+    via = f" (inside {fmt(inner[-1])})" if inner and inner[-1] != user[-1] else ""
+    return fmt(user[-1]) + via
 
 
 def promote(*args: Any) -> DType:
@@ -522,6 +528,21 @@ def _index(c: Ctx, _: Any) -> Node:
 def _size_node(b: Builder, d: Dim) -> Node:
     """A size as a 0-d int64 tensor, symbolic or not."""
     return b.full(d, DType.i64) if isinstance(d, int) else b.add(Op.FULL, (), DType.i64, (), FullAttr(sympy.sympify(d)))
+
+
+@lower(aten.repeat.default)
+def _repeat(c: Ctx, _: Any) -> Node:
+    """x.repeat(r0, r1, ...): each dim d becomes (r_d, size_d) by EXPAND, then merges to r_d * size_d."""
+    x, reps = c.arg(0), list(c.arg(1))
+    x = c.b.reshape(x, (1,) * (len(reps) - x.type.rank) + tuple(x.shape))
+    spread: list[Dim] = []
+    for d in x.shape:
+        spread += [1, d]
+    tiled: list[Dim] = []
+    for r, d in zip(reps, x.shape, strict=True):
+        tiled += [r, d]
+    y = c.b.broadcast_to(c.b.reshape(x, tuple(spread)), tuple(tiled))
+    return c.b.reshape(y, c.out_shape)
 
 
 # ---- the driver ----------------------------------------------------------------------------------------

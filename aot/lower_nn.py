@@ -291,3 +291,89 @@ def _adaptive_avg(c: Ctx, _: Any) -> Node:
     k = (h // oh, w // ow)
     attr = PoolAttr("avg", k, k, (0, 0), (1, 1), False, True, None)
     return c.b.add(Op.POOL2D, (x,), x.dtype, c.out_shape, attr)
+
+
+@lower(aten.linalg_vector_norm.default)
+def _vector_norm(c: Ctx, _: Any) -> Node:
+    """torch.norm / linalg.vector_norm: sum(|x|^p)^(1/p), with the p = 2, 1, inf, -inf and 0 forms exact."""
+    x, p = c.arg(0), c.kw("ord", 1, 2)
+    axes = _axes(c.kw("dim", 2, None), x.type.rank)
+    keepdim = bool(c.kw("keepdim", 3, False))
+    dt = c.out_dtype
+    a = c.b.ew(Op.ABS, c.b.cast(x, compute_dtype(dt)))
+    if p == 2:
+        r = c.b.ew(Op.SQRT, reduce(c.b, Op.SUM, c.b.ew(Op.MUL, a, a), axes, keepdim))
+    elif p == 1:
+        r = reduce(c.b, Op.SUM, a, axes, keepdim)
+    elif p in (math.inf, -math.inf):
+        r = reduce(c.b, Op.RMAX if p > 0 else Op.RMIN, a, axes, keepdim)
+    elif p == 0:
+        r = reduce(c.b, Op.SUM, c.b.cast(c.b.ew(Op.NE, a, 0.0), a.dtype), axes, keepdim)
+    else:
+        r = c.b.ew(Op.POW, reduce(c.b, Op.SUM, c.b.ew(Op.POW, a, float(p)), axes, keepdim), 1.0 / float(p))
+    return c.b.cast(r, dt)
+
+
+# ---- resampling --------------------------------------------------------------------------------------
+
+
+def _source_scale(size_in: Any, size_out: Any, align_corners: bool, scale: float | None) -> Any:
+    """torch's area_pixel_compute_scale: the source step per output pixel."""
+    if align_corners:
+        return (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+    return 1.0 / scale if scale else size_in / size_out
+
+
+def _coords(b: Builder, size_out: int, step: float, half_pixel: bool = False) -> Node:
+    """Source positions in fp32 as torch computes them: dst * step, or (dst + 0.5) * step - 0.5 clamped at 0."""
+    i = b.add(Op.ARANGE, (), DType.f32, (size_out,), ArangeAttr(0.5 if half_pixel else 0, 1))
+    src = b.ew(Op.MUL, i, float(step))
+    return b.ew(Op.MAX, b.ew(Op.SUB, src, 0.5), 0.0) if half_pixel else src
+
+
+def _lerp_axis(b: Builder, x: Node, axis: int, size_out: int, step: float, align_corners: bool) -> Node:
+    """Linear interpolation of ``x`` (fp32) along one spatial axis, as torch's upsample_bilinear2d does."""
+    size_in = x.shape[axis]
+    assert isinstance(size_in, int)
+    src = _coords(b, size_out, step, half_pixel=not align_corners)
+    lo = b.ew(Op.FLOOR, src)
+    frac = b.ew(Op.SUB, src, lo)
+    i0 = b.ew(Op.MIN, b.cast(lo, DType.i64), size_in - 1)
+    i1 = b.ew(Op.MIN, b.ew(Op.ADD, i0, 1), size_in - 1)
+    shape = [1] * x.type.rank
+    shape[axis] = size_out
+    w1 = b.reshape(frac, tuple(shape))
+    w0 = b.ew(Op.SUB, b.full(1.0, DType.f32), w1)
+    out_shape = tuple(size_out if k == axis else d for k, d in enumerate(x.shape))
+    x0 = b.add(Op.INDEX_SELECT, (x, i0), x.dtype, out_shape, AxisAttr(axis))
+    x1 = b.add(Op.INDEX_SELECT, (x, i1), x.dtype, out_shape, AxisAttr(axis))
+    return b.ew(Op.ADD, b.ew(Op.MUL, x0, w0), b.ew(Op.MUL, x1, w1))
+
+
+def _nearest_axis(b: Builder, x: Node, axis: int, size_out: int, step: float) -> Node:
+    """torch's legacy 'nearest': source index floor(dst * step), clamped."""
+    size_in = x.shape[axis]
+    assert isinstance(size_in, int)
+    idx = b.ew(Op.MIN, b.cast(b.ew(Op.FLOOR, _coords(b, size_out, step)), DType.i64), size_in - 1)
+    out_shape = tuple(size_out if k == axis else d for k, d in enumerate(x.shape))
+    return b.add(Op.INDEX_SELECT, (x, idx), x.dtype, out_shape, AxisAttr(axis))
+
+
+@lower(aten.upsample_bilinear2d.vec, aten.upsample_nearest2d.vec)
+def _upsample(c: Ctx, _: Any) -> Node:
+    """F.interpolate on NCHW, separable: one axis at a time with INDEX_SELECT and (bilinear) a lerp in fp32.
+    Needs static input and output H, W (the source positions are fixed per output pixel)."""
+    x = c.arg(0)
+    bilinear = c.target is aten.upsample_bilinear2d.vec
+    align = bool(c.arg(2)) if bilinear else False
+    scales = c.arg(3 if bilinear else 2)
+    out_hw = c.out_shape[2:]
+    if not all(isinstance(d, int) for d in (*x.shape[2:], *out_hw)):
+        raise UnsupportedOp(f"{c.target} with a dynamic image size (input {x.shape}, output {c.out_shape})")
+    y = c.b.cast(x, compute_dtype(x.dtype)) if bilinear else x
+    for axis in (3, 2):  # W first: h0 * (w0 * x00 + w1 * x01) + h1 * (...), torch's order of operations
+        k = axis - 2
+        scale = float(scales[k]) if scales else None
+        step = _source_scale(x.shape[axis], out_hw[k], align, scale)
+        y = _lerp_axis(c.b, y, axis, out_hw[k], step, align) if bilinear else _nearest_axis(c.b, y, axis, out_hw[k], step)
+    return c.b.cast(y, c.out_dtype)

@@ -91,6 +91,23 @@ CASES = [
                                         i1=torch.tensor([[5, -6, 2]])), lambda b: (r(b, 5, 6, 3),)),  # fmt: skip
     OpCase("index_apart", lambda: Fn(lambda m, x: x[:, m.i0, :, m.i1] + 1, i0=torch.tensor([4, -2, 0]),
                                      i1=torch.tensor([-7, 6, 3])), lambda b: (r(b, 5, 6, 7),)),  # fmt: skip
+    OpCase("repeat", lambda: Fn(lambda m, x: torch.cat([x.repeat(1, 2, 3).flatten(1), x.repeat(2, 1, 1, 2).sum(0).flatten(1)], 1)),
+           lambda b: (r(b, 3, 4),)),  # fmt: skip
+    OpCase("vector_norm", lambda: Fn(lambda m, x: x / (torch.linalg.vector_norm(x, 2, dim=(2, 3), keepdim=True) + 1e-6)
+                                     + x.norm(p=1, dim=1, keepdim=True) + torch.linalg.vector_norm(x, float("inf"), dim=-1,
+                                     keepdim=True) + torch.linalg.vector_norm(x, 3.0, dim=-2, keepdim=True)),
+           lambda b: (r(b, 3, 5, 6),)),  # fmt: skip
+    OpCase("upsample_bilinear", lambda: Fn(lambda m, x: F.interpolate(x, size=(7, 9), mode="bilinear")
+                                           + F.interpolate(x, scale_factor=1.75, mode="bilinear")[:, :, :7, :9] * 0
+                                           + F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=True)),
+           lambda b: (r(b, 3, 4, 6),)),  # fmt: skip
+    OpCase("upsample_scales", lambda: Fn(lambda m, x: F.interpolate(x, scale_factor=2, mode="bilinear").sum(1)
+                                         + F.interpolate(x, scale_factor=2, mode="nearest").amax(1)
+                                         + F.interpolate(x, size=(8, 12), mode="nearest").mean(1)),
+           lambda b: (r(b, 3, 4, 6),)),  # fmt: skip
+    OpCase("upsample_downscale", lambda: Fn(lambda m, x: F.interpolate(x, size=(3, 4), mode="bilinear")
+                                            + F.interpolate(x, size=(3, 4), mode="nearest")),
+           lambda b: (r(b, 2, 7, 10),)),  # fmt: skip
     OpCase("index_select", lambda: Fn(lambda m, x: torch.index_select(x, 1, m.idx), idx=torch.tensor([3, 0, 2, 2])),
            lambda b: (r(b, 5, 3),)),  # fmt: skip
     OpCase("gather", lambda: Fn(lambda m, x, i: torch.gather(x, 1, i)), lambda b: (r(b, 5, 3), torch.randint(0, 5, (b, 4, 3)))),

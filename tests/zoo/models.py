@@ -101,6 +101,14 @@ ZOO = [
              num_attention_heads=4, intermediate_size=128)), False),  # fmt: skip
     ZooModel("resnet", lambda: _t().ResNetModel(_t().ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1])), False),
     ZooModel("convnext", lambda: _t().ConvNextModel(_t().ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)), False),
+    # beyond the list: each brings ops the others lack (alibi repeat, window attention, GRN norm, upsampling)
+    ZooModel("bloom", lambda: _t().BloomModel(_t().BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4)), True),
+    ZooModel("swin", lambda: _t().SwinModel(_t().SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+             num_heads=[2, 2], window_size=4)), False),  # fmt: skip
+    ZooModel("convnextv2", lambda: _t().ConvNextV2Model(_t().ConvNextV2Config(hidden_sizes=[16, 32], depths=[1, 1],
+             num_stages=2)), False),  # fmt: skip
+    ZooModel("mobilevit", lambda: _t().MobileViTModel(_t().MobileViTConfig(image_size=32, hidden_sizes=[16, 24, 32],
+             neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32])), False),  # fmt: skip
     ZooModel("mobilenet_v2", lambda: _t().MobileNetV2Model(_t().MobileNetV2Config(image_size=32, depth_multiplier=0.35)), False),
 ]
 
