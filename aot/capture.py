@@ -267,6 +267,7 @@ def _decompositions() -> Any:
 
 
 _CAUSES = (
+    ("structure of `inputs` and `dynamic_shapes`", "dynamic_shapes does not match the model's inputs"),
     ("GuardOnDataDependentSymNode", "data-dependent control flow (a Python branch or size that depends on tensor values)"),
     ("data-dependent", "data-dependent control flow (a Python branch or size that depends on tensor values)"),
     ("Constraints violated", "a dynamic dimension was specialised by the model code"),
@@ -283,6 +284,9 @@ def _explain(e: Exception, path: Path) -> str:
     where = _user_frame(e, path)
     hint = "fix: rewrite that line to avoid it, or mark the dimension dynamic with a matching range"
     detail = ""
+    if "structure of `inputs` and `dynamic_shapes`" in text:
+        hint = ("fix: give dynamic_shapes one entry per forward() argument, in order (a tuple) or by name (a dict); "
+                "an argument gathered by *args takes a tuple of entries")  # fmt: skip
     if "Constraints violated" in text:
         # torch's own account: which dimension, what the code required, and its suggested Dim ranges
         lines = [ln.rstrip() for ln in text.strip().splitlines()[1:]]

@@ -32,6 +32,14 @@ from .ir import (
 )
 
 
+def _in_range(index: np.ndarray, n: int) -> np.ndarray:
+    """Gather indices must lie in [0, n), as the kernels require: numpy would wrap a negative one silently
+    (torch's wrapping of negative indices is made explicit when lowering)."""
+    if index.size and (index.min() < 0 or index.max() >= n):
+        raise IndexError(f"gather index out of range [0, {n}): min {index.min()}, max {index.max()}")
+    return index
+
+
 def size(d: Dim, env: dict[str, int]) -> int:
     if isinstance(d, int):
         return d
@@ -227,10 +235,10 @@ def eval_node(n: Node, ins: list[np.ndarray], env: dict[str, int], graph: Graph)
         return np.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in a.pads], constant_values=a.value).astype(dt)
     if op is Op.INDEX_SELECT:
         assert isinstance(a, AxisAttr)
-        return np.take(ins[0], ins[1], axis=a.axis)
+        return np.take(ins[0], _in_range(ins[1], ins[0].shape[a.axis]), axis=a.axis)
     if op is Op.GATHER:
         assert isinstance(a, AxisAttr)
-        return np.take_along_axis(ins[0], ins[1], axis=a.axis)
+        return np.take_along_axis(ins[0], _in_range(ins[1], ins[0].shape[a.axis]), axis=a.axis)
     if op is Op.MATMUL:
         return np.matmul(ins[0].astype(np.float64), ins[1].astype(np.float64)).astype(dt)
     if op is Op.CONV2D:

@@ -499,6 +499,8 @@ def _index(c: Ctx, _: Any) -> Node:
     if len(live) == 1:
         axis, idx = live[0]
         one = c.b.cast(c.b.reshape(idx, (idx.type.numel(),)), DType.i64)
+        # x[..., [-2], :] (Falcon's multi-query split): torch counts negative indices from the end
+        one = c.b.where(c.b.ew(Op.LT, one, 0), c.b.ew(Op.ADD, one, _size_node(c.b, x.shape[axis])), one, DType.i64)
         shape = list(x.shape)
         shape[axis] = one.shape[0]
         sel = c.b.add(Op.INDEX_SELECT, (x, one), x.dtype, tuple(shape), AxisAttr(axis))

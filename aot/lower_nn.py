@@ -149,6 +149,32 @@ def _layer_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
     return b.cast(y, out_dtype), m, rstd
 
 
+@lower(aten.native_group_norm.default)
+def _group_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
+    """GroupNorm: layer-norm statistics over each group of C/G channels and all positions, then a per-channel
+    affine. Returns (out, mean, rstd) with the statistics shaped (N, G), as torch's native op does."""
+    x, w, bias, groups, eps = c.arg(0), c.arg(1), c.arg(2), int(c.arg(6)), float(c.arg(7))
+    b = c.b
+    n, ch = x.shape[0], x.shape[1]
+    if not isinstance(ch, int) or ch % groups:
+        raise UnsupportedOp(f"group_norm over {ch} channels in {groups} groups")
+    xc = b.cast(x, compute_dtype(x.dtype))
+    per_group: Any = ch // groups
+    for d in x.shape[2:]:
+        per_group = per_group * d
+    g = b.reshape(xc, (n, groups, as_dim(per_group)))
+    m = mean(b, g, (2,), True, g.dtype)
+    d = b.ew(Op.SUB, g, m)
+    rstd = b.ew(Op.RSQRT, b.ew(Op.ADD, mean(b, b.ew(Op.MUL, d, d), (2,), True, g.dtype), eps))
+    y = b.reshape(b.ew(Op.MUL, d, rstd), x.shape)
+    cshape = (1, ch) + (1,) * (x.type.rank - 2)
+    if w is not None:
+        y = b.ew(Op.MUL, y, b.reshape(b.cast(w, y.dtype), cshape))
+    if bias is not None:
+        y = b.ew(Op.ADD, y, b.reshape(b.cast(bias, y.dtype), cshape))
+    return b.cast(y, x.dtype), b.reshape(m, (n, groups)), b.reshape(rstd, (n, groups))
+
+
 @lower(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
     x, w, bias, mean_, var, eps = c.arg(0), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(6)

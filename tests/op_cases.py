@@ -67,6 +67,9 @@ CASES = [
     OpCase("masked_fill", lambda: Fn(lambda m, x, mask: x.masked_fill(mask, -1e4).softmax(-1)),
            lambda b: (r(b, 2, 8, 8), _mask(b))),  # fmt: skip
     OpCase("softmax_logsoftmax", lambda: Fn(lambda m, x: x.softmax(-1) + x.log_softmax(1)), lambda b: (r(b, 6, 19),)),
+    OpCase("group_norm", lambda: nn.Sequential(nn.GroupNorm(4, 12), nn.GroupNorm(3, 12, affine=False)),
+           lambda b: (r(b, 12, 5, 3) * 2 + 1,)),  # fmt: skip
+    OpCase("group_norm_1d", lambda: nn.GroupNorm(2, 6), lambda b: (r(b, 6, 7),)),
     OpCase("layer_norm", lambda: nn.LayerNorm(48), lambda b: (r(b, 5, 48),)),
     OpCase("rms_norm", lambda: Fn(lambda m, x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * m.w,
                                   w=torch.rand(32) + 0.5), lambda b: (r(b, 4, 32),)),  # fmt: skip
@@ -87,6 +90,8 @@ CASES = [
     OpCase("adaptive_avgpool", lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), lambda b: (r(b, 4, 6, 6),)),
     OpCase("adaptive_avgpool_2x2", lambda: nn.AdaptiveAvgPool2d(2), lambda b: (r(b, 4, 6, 6),)),
     OpCase("embedding", lambda: nn.Embedding(50, 16), lambda b: (torch.randint(0, 50, (b, 7)),)),
+    OpCase("index_negative", lambda: Fn(lambda m, x: torch.cat([x[..., [-2], :], x[..., [-1, 0], :] * 2], -2)),
+           lambda b: (r(b, 2, 5, 3),)),  # fmt: skip
     OpCase("index_adjacent", lambda: Fn(lambda m, x: x[:, m.i0, m.i1] * 2, i0=torch.tensor([[3], [-1], [0], [-5]]),
                                         i1=torch.tensor([[5, -6, 2]])), lambda b: (r(b, 5, 6, 3),)),  # fmt: skip
     OpCase("index_apart", lambda: Fn(lambda m, x: x[:, m.i0, :, m.i1] + 1, i0=torch.tensor([4, -2, 0]),

@@ -222,3 +222,15 @@ def test_output_names_follow_the_output_pytree(tmp_path: Path, aotc_cache: Path)
         assert [t.name for t in p.manifest.outputs] == ["logits", "aux.0", "aux.1"]
         assert p.manifest.selftest is not None and list(p.manifest.selftest.outputs) == [
             "output.logits", "output.aux.0", "output.aux.1"]  # fmt: skip
+
+
+def test_dynamic_shapes_of_the_wrong_structure_say_how_to_fix_them() -> None:
+    class Two(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a + b
+
+    batch = torch.export.Dim("batch", min=1, max=8)
+    with pytest.raises(CaptureError) as e:
+        capture_module(Two(), (torch.randn(2, 3), torch.randn(2, 3)), ({0: batch},))
+    msg = str(e.value)
+    assert "dynamic_shapes does not match the model's inputs" in msg and "one entry per forward() argument" in msg

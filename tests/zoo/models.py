@@ -101,8 +101,11 @@ ZOO = [
              num_attention_heads=4, intermediate_size=128)), False),  # fmt: skip
     ZooModel("resnet", lambda: _t().ResNetModel(_t().ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1])), False),
     ZooModel("convnext", lambda: _t().ConvNextModel(_t().ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)), False),
-    # beyond the list: each brings ops the others lack (alibi repeat, window attention, GRN norm, upsampling)
+    # beyond the list: each brings ops the others lack (alibi repeat, negative index, window attention,
+    # GRN norm, upsampling)
     ZooModel("bloom", lambda: _t().BloomModel(_t().BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4)), True),
+    ZooModel("falcon", lambda: _t().FalconModel(_t().FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+             num_attention_heads=4)), True),  # multi-query attention: x[..., [-2], :]  # fmt: skip
     ZooModel("swin", lambda: _t().SwinModel(_t().SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
              num_heads=[2, 2], window_size=4)), False),  # fmt: skip
     ZooModel("convnextv2", lambda: _t().ConvNextV2Model(_t().ConvNextV2Config(hidden_sizes=[16, 32], depths=[1, 1],
