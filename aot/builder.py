@@ -46,7 +46,10 @@ class Builder:
         self.nodes.append(n)
         return n
 
-    def full(self, value: float | int | bool, dtype: DType, shape: Shape = ()) -> Node:
+    def full(self, value: float | int | bool | Dim, dtype: DType, shape: Shape = ()) -> Node:
+        """A constant; an integer ``value`` may be a symbolic size (a sympy expression over the symbols)."""
+        if dtype.is_int and not isinstance(value, int | float | bool):
+            return self.add(Op.FULL, (), dtype, shape, FullAttr(value))
         if dtype is DType.bool:
             value = bool(value)
         elif dtype.is_int:

@@ -26,8 +26,7 @@ class Captured:
     model: torch.nn.Module
     example_inputs: tuple[Any, ...]
     input_names: list[str]
-    dim_labels: dict[tuple[str, int], str]  # (input name, axis) -> the user's Dim name
-    dim_ranges: dict[tuple[str, int], tuple[int, int | None]]  # (input name, axis) -> declared (min, max)
+    dims: dict[tuple[str, int], tuple[str, int, int | None]]  # (input name, axis) -> the user's Dim: name, min, max
     name: str
     source_sha256: str
     path: Path
@@ -178,8 +177,7 @@ def capture_module(
         model=model,
         example_inputs=inputs,
         input_names=[s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"],
-        dim_labels={k: v[0] for k, v in declared.items()},
-        dim_ranges={k: (v[1], v[2]) for k, v in declared.items()},
+        dims=declared,
         name=name,
         source_sha256=source_sha256,
         path=where,

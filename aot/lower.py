@@ -25,7 +25,6 @@ from .ir import (
     AxisAttr,
     Dim,
     DType,
-    FullAttr,
     Graph,
     InputAttr,
     Node,
@@ -500,7 +499,7 @@ def _index(c: Ctx, _: Any) -> Node:
         axis, idx = live[0]
         one = c.b.cast(c.b.reshape(idx, (idx.type.numel(),)), DType.i64)
         # x[..., [-2], :] (Falcon's multi-query split): torch counts negative indices from the end
-        one = c.b.where(c.b.ew(Op.LT, one, 0), c.b.ew(Op.ADD, one, _size_node(c.b, x.shape[axis])), one, DType.i64)
+        one = c.b.where(c.b.ew(Op.LT, one, 0), c.b.ew(Op.ADD, one, c.b.full(x.shape[axis], DType.i64)), one, DType.i64)
         shape = list(x.shape)
         shape[axis] = one.shape[0]
         sel = c.b.add(Op.INDEX_SELECT, (x, one), x.dtype, tuple(shape), AxisAttr(axis))
@@ -515,7 +514,7 @@ def _index(c: Ctx, _: Any) -> Node:
     xm = c.b.reshape(xp, (*xp.shape[:start], as_dim(merged), *xp.shape[start + len(axes) :]))
     flat: Node | None = None
     for k, idx in live:
-        size = _size_node(c.b, x.shape[k])
+        size = c.b.full(x.shape[k], DType.i64)
         i = c.b.cast(idx, DType.i64)
         i = c.b.where(c.b.ew(Op.LT, i, 0), c.b.ew(Op.ADD, i, size), i, DType.i64)  # torch's negative indices
         flat = i if flat is None else c.b.ew(Op.ADD, c.b.ew(Op.MUL, flat, size), i)
@@ -525,11 +524,6 @@ def _index(c: Ctx, _: Any) -> Node:
     shape[start] = flat.shape[0]
     sel = c.b.add(Op.INDEX_SELECT, (xm, flat), x.dtype, tuple(shape), AxisAttr(start))
     return c.b.reshape(sel, c.out_shape)
-
-
-def _size_node(b: Builder, d: Dim) -> Node:
-    """A size as a 0-d int64 tensor, symbolic or not."""
-    return b.full(d, DType.i64) if isinstance(d, int) else b.add(Op.FULL, (), DType.i64, (), FullAttr(sympy.sympify(d)))
 
 
 @lower(aten.repeat.default)
@@ -627,9 +621,8 @@ def _symbols(cap: Captured, inputs: list[Node]) -> list[Symbol]:
                 hi_raw = vr.upper if vr is not None else None
                 hi = int(hi_raw) if hi_raw is not None and hi_raw.is_finite else None
                 # the user's declared range wins: an export retried with Dim.AUTO reports min 2 for min=1 dims
-                declared_lo, declared_hi = cap.dim_ranges.get((node.attr.name, axis), (lo, hi))
+                label, declared_lo, declared_hi = cap.dims.get((node.attr.name, axis), (f"{node.attr.name}.shape[{axis}]", lo, hi))
                 lo, hi = declared_lo, hi if declared_hi is None else declared_hi
-                label = cap.dim_labels.get((node.attr.name, axis), f"{node.attr.name}.shape[{axis}]")
                 found[d.name] = Symbol(d.name, label, max(lo, 0), hi)
     for node in inputs:
         for d in node.shape:

@@ -16,7 +16,6 @@ from .ir import (
     AxisAttr,
     ConvAttr,
     DType,
-    FullAttr,
     Node,
     Op,
     PoolAttr,
@@ -59,8 +58,7 @@ def mean(b: Builder, x: Node, axes: tuple[int, ...], keepdim: bool, dtype: DType
     n = count(x.shape, axes)
     if isinstance(n, int):
         return b.ew(Op.MUL, s, 1.0 / n)
-    size = b.add(Op.FULL, (), DType.i64, (), FullAttr(n))  # a symbolic size as a 0-d tensor
-    return b.ew(Op.DIV, s, b.cast(size, dtype))
+    return b.ew(Op.DIV, s, b.cast(b.full(n, DType.i64), dtype))  # a symbolic count as a 0-d tensor
 
 
 @lower(aten.sum.dim_IntList, aten.sum.default)

@@ -80,15 +80,12 @@ _OMP_BAD = " reduction(|:aotc_bad)"
 class KernelWriter:
     """Writes one kernel function."""
 
-    def __init__(
-        self, prog: K.Program, k: K.Kernel, fname: str, ptrs: dict[str, str], numel: dict[str, str] | None = None
-    ) -> None:
+    def __init__(self, prog: K.Program, k: K.Kernel, fname: str, ptrs: dict[str, str], numel: dict[str, str]) -> None:
         self.prog = prog
         self.k = k
         self.fname = fname
         self.w = Writer()
         self.bufs, self.written = kernel_buffers(k)
-        numel = _numels(prog) if numel is None else numel
         dtypes = {b: prog.buffer(b).dtype for b in self.bufs}
         self.ctx = Kctx(k.name, {b: ptrs[b] for b in self.bufs}, numel, dtypes)
         self.vals = Values(self.w, self.ctx)
