@@ -62,7 +62,7 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
-def compile_graph(cap: Captured, seconds: dict[str, float] | None = None) -> tuple[Graph, K.Program, list[str]]:
+def compile_graph(cap: Captured, seconds: dict[str, float] | None = None) -> tuple[Graph, K.Plan, list[str]]:
     """Everything up to the target-independent kernel program (``seconds`` collects stage times)."""
     seconds = {} if seconds is None else seconds
     with _stage(seconds, "lower"):
@@ -80,7 +80,7 @@ def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
     return TensorSpec(name, dtype.value, tuple(to_size(d) for d in shape))
 
 
-def _cpu_target(prog: K.Program, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CpuTarget, dict[str, bytes]]:
+def _cpu_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CpuTarget, dict[str, bytes]]:
     from .codegen import cpp
     from .compile import compile_cpp
 
@@ -95,7 +95,7 @@ def _cpu_target(prog: K.Program, target: Target, options: BuildOptions, cache_di
     return spec, {member: lib.so_bytes}
 
 
-def _cuda_target(prog: K.Program, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTargetRaw, dict[str, bytes]]:
+def _cuda_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTargetRaw, dict[str, bytes]]:
     from .cubin import build_cuda_target
 
     raw, members = build_cuda_target(prog, target, options, cache_dir)

@@ -313,7 +313,7 @@ def _tensor(b: K.Buffer) -> plan.Tensor:
     return plan.Tensor(b.name, b.dtype.value, tuple(to_size(d) for d in b.shape))
 
 
-def arena_layout(prog: K.Program) -> tuple[tuple[tuple[str, Any], ...], Any]:
+def arena_layout(prog: K.Plan) -> tuple[tuple[tuple[str, Any], ...], Any]:
     """Byte offsets of the arena buffers and the arena size: the memory plan's, or one buffer after another
     at 256-byte alignment where the program has no plan."""
     offsets: dict[str, Any] = dict(prog.arena_offsets)
@@ -328,7 +328,7 @@ def arena_layout(prog: K.Program) -> tuple[tuple[tuple[str, Any], ...], Any]:
 
 
 def build_cuda_target(
-    prog: K.Program, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str] | None
+    prog: K.Plan, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str] | None
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Every kernel of ``prog`` as a cubin for ``target`` (``cuda:sm_NN``): the manifest's target dict and
     the package members it names (``cuda/sm_NN/<kernel>.cubin`` and the Triton source beside it).

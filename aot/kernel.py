@@ -260,9 +260,9 @@ class Buffer:
         return self.numel() * self.dtype.itemsize
 
 
-@dataclass
+@dataclass(frozen=True)
 class Program:
-    """Kernels in launch order over named buffers. Arena buffers get byte offsets from the memory plan."""
+    """Kernels in launch order over named buffers: what fusion makes, before memory is planned."""
 
     symbols: list[Symbol]
     inputs: list[Buffer]
@@ -270,8 +270,6 @@ class Program:
     weights: list[Buffer]
     arena: list[Buffer]
     kernels: list[Kernel]
-    arena_offsets: dict[str, sympy.Expr | int] = field(default_factory=dict)
-    arena_size: sympy.Expr | int = 0
     labels: dict[str, str] = field(default_factory=dict)  # buffer -> user-facing name (inputs, outputs, weights)
 
     def buffer(self, name: str) -> Buffer:
@@ -279,6 +277,19 @@ class Program:
             if b.name == name:
                 return b
         raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Plan(Program):
+    """A Program with its memory plan: each arena buffer's byte offset in one arena, and the arena's size.
+    Codegen takes a Plan, so no kernel is written before every buffer has a place."""
+
+    arena_offsets: dict[str, sympy.Expr | int] = field(default_factory=dict)
+    arena_size: sympy.Expr | int = 0
+
+    @staticmethod
+    def of(prog: Program, offsets: dict[str, sympy.Expr | int], size: sympy.Expr | int) -> Plan:
+        return Plan(prog.symbols, prog.inputs, prog.outputs, prog.weights, prog.arena, prog.kernels, prog.labels, offsets, size)
 
 
 def values(k: Kernel) -> list[Value]:

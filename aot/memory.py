@@ -25,7 +25,7 @@ def _align(e: sympy.Expr | int) -> sympy.Expr | int:
     return sympy.ceiling(e / ALIGN) * ALIGN
 
 
-def plan_memory(prog: K.Program) -> K.Program:
+def plan_memory(prog: K.Program) -> K.Plan:
     arena = {b.name: b for b in prog.arena}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
@@ -61,6 +61,4 @@ def plan_memory(prog: K.Program) -> K.Program:
     for size, _ in slots:
         offsets.append(acc)
         acc = sympy.sympify(acc + size)
-    prog.arena_offsets = {name: offsets[s] for name, s in sorted(where.items())}
-    prog.arena_size = acc
-    return prog
+    return K.Plan.of(prog, {name: offsets[s] for name, s in sorted(where.items())}, acc)

@@ -45,7 +45,7 @@ def programs() -> dict[str, Any]:
     i0, i1 = K.loop_vars("i", 2)
     sym = Symbol("s0", "batch", 1, 256)
 
-    def mlp(dt: DType) -> K.Program:
+    def mlp(dt: DType) -> K.Plan:
         dims = [1024, 4096, 4096, 1024]
         x = K.Buffer("x", dt, (s0, dims[0]), "input")
         y = K.Buffer("y", dt, (s0, dims[-1]), "output")
@@ -68,12 +68,9 @@ def programs() -> dict[str, Any]:
                 (K.Store(dst, i0 * dims[j + 1] + i1, v),),
             ))  # fmt: skip
             src = dst
-        p = K.Program([sym], [x], [y], [*ws, *bs], hs, kernels)
-        p.arena_offsets = {"h0": 0, "h1": 4096 * dt.itemsize * s0}
-        p.arena_size = 2 * 4096 * dt.itemsize * s0
-        return p
+        return K.Plan([sym], [x], [y], [*ws, *bs], hs, kernels, {}, {"h0": 0, "h1": 4096 * dt.itemsize * s0}, 2 * 4096 * dt.itemsize * s0)
 
-    def chain() -> K.Program:
+    def chain() -> K.Plan:
         f32 = DType.f32
         x = K.Buffer("x", f32, (s0, 1024), "input")
         y = K.Buffer("y", f32, (s0, 1024), "output")
@@ -85,10 +82,7 @@ def programs() -> dict[str, Any]:
             v = K.Binary(Op.ADD, K.Binary(Op.MUL, K.Load(src, K.Index(i0 * 1024 + i1), f32), K.Const(1.0001, f32), f32),
                          K.Const(0.5, f32), f32)  # fmt: skip
             kernels.append(K.Pointwise(f"step{j}", (s0, 1024), (K.Store(dst, i0 * 1024 + i1, v),)))
-        p = K.Program([sym], [x], [y], [], tmp, kernels)
-        p.arena_offsets = {"t0": 0, "t1": 4096 * s0}
-        p.arena_size = 8192 * s0
-        return p
+        return K.Plan([sym], [x], [y], [], tmp, kernels, {}, {"t0": 0, "t1": 4096 * s0}, 8192 * s0)
 
     return {
         "mlp_bf16": (mlp(DType.bf16), "bf16"),

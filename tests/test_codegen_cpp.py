@@ -22,6 +22,7 @@ from aotc_build.compile import CompiledLibrary, compile_cpp
 from aotc_build.ir import DType
 from aotc_build.kernel_interp import run_program
 from aotc_build.options import BuildOptions, Target
+from golden import check_golden
 from test_kernel_interp import (
     CASES,
     S0,
@@ -50,7 +51,7 @@ void aotc_set_num_threads(int32_t n);
 class Lib:
     """A compiled program loaded with cffi: ``run`` takes numpy arrays and returns the outputs."""
 
-    def __init__(self, prog: K.Program, built: CompiledLibrary, workdir: Path) -> None:
+    def __init__(self, prog: K.Plan, built: CompiledLibrary, workdir: Path) -> None:
         self.prog = prog
         path = workdir / f"{built.key[:16]}.so"
         path.write_bytes(built.so_bytes)
@@ -234,7 +235,6 @@ def test_lower_cpu_levels(level: str, request: pytest.FixtureRequest, tmp_path: 
             assert_close(g, o, case, f"output {j} at {level}")
 
 
-GOLDEN = Path(__file__).parent / "golden"
 
 
 @pytest.mark.parametrize("name", ["masked_pad", "softmax", "matmul_bias_relu"])
@@ -242,7 +242,4 @@ def test_generated_code_golden(name: str) -> None:
     """The generated C++ for a few small programs, as text (rerun with UPDATE_GOLDEN=1 when a change is
     intended, and read the diff: it is the review of a codegen change)."""
     text = generate(next(c for c in CASES if c.name == name).prog, OPTIONS)
-    path = GOLDEN / f"cpp_{name}.cpp"
-    if os.environ.get("UPDATE_GOLDEN") or not path.exists():
-        path.write_text(text)
-    assert text == path.read_text(), f"{path.name} changed; rerun with UPDATE_GOLDEN=1 if intended"
+    check_golden(f"cpp_{name}.cpp", text)

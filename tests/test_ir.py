@@ -5,7 +5,6 @@ Set UPDATE_GOLDEN=1 to rewrite the golden files after an intended change, then r
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -20,35 +19,28 @@ from aotc_build.lower import lower_program
 from aotc_build.passes import run_pipeline
 from aotc_build.printer import print_graph
 from aotc_build.verify import VerifyError, verify
+from golden import check_golden
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).parent / "golden"
-
-
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") or not path.exists():
-        path.write_text(text)
-    assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if intended"
 
 
 @pytest.mark.parametrize("example", ["mlp", "cnn"])
-def test_printed_ir_golden(example: str) -> None:
+def test_printed_ircheck_golden(example: str) -> None:
     cap = capture(ROOT / "examples" / f"{example}.py")
     g = lower_program(cap)
     verify(g, "lower")
-    _golden(f"{example}.lowered.ir", print_graph(g))
+    check_golden(f"{example}.lowered.ir", print_graph(g))
     g = run_pipeline(g, verify)
-    _golden(f"{example}.passes.ir", print_graph(g))
+    check_golden(f"{example}.passes.ir", print_graph(g))
 
 
-def test_fusion_decisions_golden() -> None:
+def test_fusion_decisionscheck_golden() -> None:
     cap = capture(ROOT / "examples" / "transformer.py")
     _, prog, log = compile_graph(cap)
     decisions = [line.split(" (")[0] + ": " + line.rsplit("): ", 1)[-1] for line in log]
     lines = [f"{k.name} {type(k).__name__}" for k in prog.kernels] + ["--", *decisions]
-    _golden("transformer.kernels.txt", "\n".join(lines) + "\n")
+    check_golden("transformer.kernels.txt", "\n".join(lines) + "\n")
     # a pre-norm block: layer-norm, attention softmax and the residual adds fuse; no kernel per op
     assert len(prog.kernels) <= 32
 

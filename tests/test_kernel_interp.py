@@ -61,7 +61,7 @@ def st(b: str, index: object, value: K.Value) -> K.Store:
 @dataclass
 class Case:
     name: str
-    prog: K.Program
+    prog: K.Plan
     make: Callable[[int, np.random.Generator], tuple[list[Array], list[Array]]]  # -> inputs, weights
     ref: Callable[[list[Array], list[Array]], list[Array]]  # plain numpy/torch outputs
     rtol: float = 1e-5
@@ -77,8 +77,8 @@ def program(
     arena: list | None = None,
     offsets: dict | None = None,
     size: object = 0,
-) -> K.Program:
-    return K.Program(SYMBOLS, inputs, outputs, weights, arena or [], kernels, offsets or {}, size)
+) -> K.Plan:
+    return K.Plan(SYMBOLS, inputs, outputs, weights, arena or [], kernels, {}, offsets or {}, size)
 
 
 def rnd(rng: np.random.Generator, *shape: int, lo: float = -2.0, hi: float = 2.0) -> Array:

@@ -446,7 +446,7 @@ def _uses(prog: K.Program) -> set[str]:
     return {type(k).__name__ for k in prog.kernels}
 
 
-def generate(prog: K.Program, options: BuildOptions) -> str:
+def generate(prog: K.Plan, options: BuildOptions) -> str:
     """The C++ source of one shared library running ``prog`` through the ABI in ``aotc_abi.h``."""
     del options  # nothing in the generated text depends on them yet (the target is a compiler flag)
     ptrs = _pointer_names(prog)

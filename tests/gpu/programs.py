@@ -26,7 +26,7 @@ F32 = DType.f32
 @dataclass
 class Case:
     name: str
-    prog: K.Program
+    prog: K.Plan
     ref: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict[str, np.ndarray]]
     trials: list[dict[str, int]]  # symbol values, two per case
     rtol: float = 1e-5
@@ -61,8 +61,8 @@ def un(op: Op, x: K.Value, dtype: DType | None = None) -> K.Unary:
     return K.Unary(op, x, dtype or x.dtype)
 
 
-def program(symbols, inputs, outputs, weights, kernels, *, arena=()) -> K.Program:
-    return K.Program(list(symbols), list(inputs), list(outputs), list(weights), list(arena), list(kernels))
+def program(symbols, inputs, outputs, weights, kernels, *, arena=(), offsets=None, size=0) -> K.Plan:
+    return K.Plan(list(symbols), list(inputs), list(outputs), list(weights), list(arena), list(kernels), {}, offsets or {}, size)
 
 
 # ---- the cases -----------------------------------------------------------------------------------
@@ -353,9 +353,7 @@ def two_kernels_arena() -> Case:
         (K.Reduction(Op.SUM, ld("t", i0 * 16 + r0), F32),),
         (K.Store("y", i0, K.ReduceRef(0, F32)),),
     )
-    prog = program([sym()], [x], [y], [], [k1, k2], arena=[t])
-    prog.arena_offsets = {"t": 0}
-    prog.arena_size = 64 * S0
+    prog = program([sym()], [x], [y], [], [k1, k2], arena=[t], offsets={"t": 0}, size=64 * S0)
     return Case(
         "two_kernels_arena",
         prog,
