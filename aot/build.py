@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from aotc import __version__
 from aotc.cpu_features import LEVEL_FEATURES
 from aotc.errors import UnsupportedOp
-from aotc.schema import CpuTarget, CudaTargetRaw, Manifest, ModelInfo, Symbol, TensorSpec
+from aotc.schema import CpuTarget, CudaTarget, Manifest, ModelInfo, Symbol, TensorSpec
 
 from . import kernel as K
 from .capture import Captured, capture
@@ -95,11 +95,10 @@ def _cpu_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: 
     return spec, {member: lib.so_bytes}
 
 
-def _cuda_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTargetRaw, dict[str, bytes]]:
+def _cuda_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTarget, dict[str, bytes]]:
     from .cubin import build_cuda_target
 
-    raw, members = build_cuda_target(prog, target, options, cache_dir)
-    return CudaTargetRaw("cuda", target.arch, raw), members
+    return build_cuda_target(prog, target, options, cache_dir)
 
 
 def _versions(options: BuildOptions) -> dict[str, str]:
@@ -169,7 +168,7 @@ def build_captured(
     with _stage(seconds, "weights"):
         weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in prog.weights])
     members: dict[str, bytes] = {weights.member: blob}
-    targets: list[CpuTarget | CudaTargetRaw] = []
+    targets: list[CpuTarget | CudaTarget] = []
     for t in options.targets:
         with _stage(seconds, str(t)):
             spec, mem = (_cpu_target if t.kind == "cpu" else _cuda_target)(prog, t, options, cache_dir)

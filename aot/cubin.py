@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import sympy
-from aotc import cuda_plan as plan
+from aotc import schema
 from aotc.errors import CompileError
 
 from . import kernel as K
@@ -68,10 +68,28 @@ class Compiled:
     triton_version: str
     ptxas_version: str
 
-    def plan_params(self, kinds: list[str]) -> tuple[tuple[str, int], ...]:
-        """(kind, bytes) per PTX parameter: ``kinds`` for the launch arguments, then the scratch pointers."""
-        extra = ("global_scratch", "profile_scratch")
-        return tuple(zip([*kinds, *extra[: len(self.ptx_params) - self.num_args]], self.ptx_params, strict=True))
+    def kernel(self, member: str, source: str | None, kinds: list[str]) -> schema.Kernel:
+        """The manifest's entry for this cubin, stored at ``member`` with its Triton source at ``source``;
+        ``kinds`` are the launch arguments' parameter kinds (the scratch pointers Triton appends follow)."""
+        all_kinds = [*kinds, *schema.SCRATCH[: len(self.ptx_params) - self.num_args]]
+        return schema.Kernel(
+            name=self.name,
+            member=member,
+            params=tuple(schema.Param(k, b) for k, b in zip(all_kinds, self.ptx_params, strict=True)),
+            num_warps=self.num_warps,
+            shared=self.shared,
+            num_ctas=self.num_ctas,
+            cluster_dims=self.cluster_dims,
+            global_scratch_size=self.global_scratch_size,
+            global_scratch_align=self.global_scratch_align,
+            profile_scratch_size=self.profile_scratch_size,
+            profile_scratch_align=self.profile_scratch_align,
+            launch_cooperative_grid=self.launch_cooperative_grid,
+            launch_pdl=self.launch_pdl,
+            enable_fp_fusion=self.enable_fp_fusion,
+            ptxas_version=self.ptxas_version,
+            source=source,
+        )
 
 
 # ---- facts read from the toolchain and its outputs ---------------------------------------------------
@@ -243,7 +261,7 @@ def compile_source(
     for i, (kind, width) in enumerate(zip(signature.values(), params, strict=False)):
         if kind == "constexpr":
             continue
-        want = 8 if kind.startswith("*") else plan.SCALAR_BYTES[_SIG_KIND[kind]]
+        want = 8 if kind.startswith("*") else schema.SCALAR_BYTES[_SIG_KIND[kind]]
         if width != want:
             raise CompileError(f"{where}: PTX parameter {i} is {width} bytes; a {kind} argument needs {want}")
     _write_cache(entry, out)
@@ -309,11 +327,7 @@ def kernel_name(name: str, taken: set[str]) -> str:
     return out
 
 
-def _tensor(b: K.Buffer) -> plan.Tensor:
-    return plan.Tensor(b.name, b.dtype.value, tuple(to_size(d) for d in b.shape))
-
-
-def arena_layout(prog: K.Plan) -> tuple[tuple[tuple[str, Any], ...], Any]:
+def arena_layout(prog: K.Plan) -> tuple[tuple[schema.Slot, ...], Any]:
     """Byte offsets of the arena buffers and the arena size: the memory plan's, or one buffer after another
     at 256-byte alignment where the program has no plan."""
     offsets: dict[str, Any] = dict(prog.arena_offsets)
@@ -324,28 +338,32 @@ def arena_layout(prog: K.Plan) -> tuple[tuple[tuple[str, Any], ...], Any]:
             offsets[b.name] = end
             end = end + 256 * sympy.ceiling(sympy.sympify(b.nbytes()) / 256)
         size = end
-    return tuple((b.name, to_size(offsets[b.name])) for b in prog.arena), to_size(size)
+    return tuple(schema.Slot(b.name, to_size(offsets[b.name])) for b in prog.arena), to_size(size)
 
 
 def build_cuda_target(
     prog: K.Plan, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str] | None
-) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """Every kernel of ``prog`` as a cubin for ``target`` (``cuda:sm_NN``): the manifest's target dict and
-    the package members it names (``cuda/sm_NN/<kernel>.cubin`` and the Triton source beside it).
+) -> tuple[schema.CudaTarget, dict[str, bytes]]:
+    """Every kernel of ``prog`` as a cubin for ``target`` (``cuda:sm_NN``): the manifest's CUDA target and
+    the package members it names (``cuda/sm_NN/<kernel>.cubin`` and the Triton source beside it). Pointer
+    arguments name ``prog``'s inputs, outputs and weights by index: the manifest lists them in that order.
 
-    ``cache_dir``: the content-addressed cubin cache (None: a throwaway folder, nothing reused).
-    ``options.extra`` may hold ("cuda_fp_fusion", "0") to build without FMA contraction."""
+    ``cache_dir``: the content-addressed cubin cache (None: a throwaway folder, nothing reused)."""
     if target.kind != "cuda":
         raise CompileError(f"build_cuda_target needs a cuda target, got {target}")
     if cache_dir is None:
         with tempfile.TemporaryDirectory(prefix="aotc-cubins-") as tmp:
             return build_cuda_target(prog, target, options, tmp)
     sm = target.sm
-    fp_fusion = dict(options.extra).get("cuda_fp_fusion", "1") != "0"
+    refs = {
+        b.name: schema.Ref(group, i)
+        for group, bufs in (("input", prog.inputs), ("output", prog.outputs), ("weight", prog.weights), ("arena", prog.arena))
+        for i, b in enumerate(bufs)
+    }  # fmt: skip
     taken: set[str] = set()
-    by_body: dict[str, plan.Kernel] = {}
-    kernels: list[plan.Kernel] = []
-    launches: list[plan.Launch] = []
+    by_body: dict[str, schema.Kernel] = {}
+    kernels: list[schema.Kernel] = []
+    launches: list[schema.Launch] = []
     members: dict[str, bytes] = {}
     versions: set[str] = set()
     index_i64 = tg.index_is_i64(prog)  # a property of the whole program; ~0.04 s a kernel to recompute
@@ -357,58 +375,34 @@ def build_cuda_target(
         kinds = [sig_kind(p.sig) for p in tk.params]
         pk = by_body.get(body)
         if pk is None:
-            c = compile_kernel(tk, sm, cache_dir, fp_fusion)
+            c = compile_kernel(tk, sm, cache_dir, options.cuda_fp_fusion)
             versions.add(c.ptxas_version)
-            member = f"cuda/{target.arch}/{name}.cubin"
+            member, source = f"cuda/{target.arch}/{name}.cubin", f"cuda/{target.arch}/{name}.py"
             members[member] = c.cubin
-            members[f"cuda/{target.arch}/{name}.py"] = tk.source.encode()
-            pk = plan.Kernel(
-                name=c.name,
-                member=member,
-                params=c.plan_params(kinds),
-                num_warps=c.num_warps,
-                shared=c.shared,
-                num_ctas=c.num_ctas,
-                cluster_dims=c.cluster_dims,
-                global_scratch_size=c.global_scratch_size,
-                global_scratch_align=c.global_scratch_align,
-                profile_scratch_size=c.profile_scratch_size,
-                profile_scratch_align=c.profile_scratch_align,
-                launch_cooperative_grid=c.launch_cooperative_grid,
-                launch_pdl=c.launch_pdl,
-                enable_fp_fusion=c.enable_fp_fusion,
-                ptxas_version=c.ptxas_version,
-                source=f"cuda/{target.arch}/{name}.py",
-            )
-            by_body[body] = pk
+            members[source] = tk.source.encode()
+            pk = by_body[body] = c.kernel(member, source, kinds)
             kernels.append(pk)
         args = []
         for p, kind in zip(tk.params, kinds, strict=True):
             if p.source[0] == "buffer":
-                args.append(plan.Arg("ptr", buffer=str(p.source[1])))
+                args.append(schema.Arg("ptr", buffer=refs[str(p.source[1])]))
             else:
-                args.append(plan.Arg(kind, expr=p.source[1]))
-        launches.append(plan.Launch(pk.name, tk.grid, tuple(args)))
+                args.append(schema.Arg(kind, expr=p.source[1]))
+        launches.append(schema.Launch(pk.name, tk.grid, tuple(args)))
     arena, arena_bytes = arena_layout(prog)
     ptxas = max(versions, key=lambda v: tuple(map(int, v.split(".")))) if versions else ptxas_version(sm)
-    t = plan.CudaTarget(
+    t = schema.CudaTarget(
         arch=target.arch,
         triton_version=triton_version(),
         ptxas_version=ptxas,
         min_driver=int(ptxas.split(".")[0]) * 1000,
-        symbols=tuple(s.name for s in prog.symbols),
-        inputs=tuple(map(_tensor, prog.inputs)),
-        outputs=tuple(map(_tensor, prog.outputs)),
-        weights=tuple(map(_tensor, prog.weights)),
+        precision=options.precision,
         arena_bytes=arena_bytes,
         arena=arena,
         kernels=tuple(kernels),
         launches=tuple(launches),
-        precision=options.precision,
     )
-    d = t.to_dict()
-    plan.parse(d, f"CUDA target {target.arch} just built")  # the builder never writes what the runtime refuses
-    return d, members
+    return t, members
 
 
 def _renamed(k: K.Kernel, name: str) -> K.Kernel:

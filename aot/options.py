@@ -1,14 +1,15 @@
-"""Build options: one frozen dataclass passed down every stage and hashed into cache keys."""
+"""Build options: one frozen dataclass passed down every stage; targets parsed from their text form.
+
+What it is: ``BuildOptions``, ``Target`` and ``parse_target``. What it is not: a cache key. Each stage hashes
+what its output depends on (the g++ flags, the Triton options) into its own cache key."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
+from aotc.cpu_features import LEVELS as CPU_LEVELS  # defined once, beside the features each level needs
 from aotc.errors import UsageError
 
-CPU_LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
 CUDA_ARCHS = (75, 80, 86, 89, 90, 100, 120)
 
 
@@ -62,9 +63,4 @@ class BuildOptions:
     dynamic: tuple[str, ...] = ()  # "input:axis:name[:min:max]" overrides from the command line
     selftest: bool = True
     opt_level: str = "-O3"
-    extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-
-    def key(self) -> str:
-        """A stable hash of everything that changes generated code."""
-        blob = json.dumps(asdict(self), sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+    cuda_fp_fusion: bool = True  # let Triton contract a*b+c into FMA (False: bit-closer to eager)

@@ -219,9 +219,13 @@ def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
                 + (f", glibc >= {tg.min_glibc}" if tg.min_glibc else "")
             )
         else:
-            kernels = tg.raw.get("kernels")
-            n = f", {len(kernels)} kernels" if isinstance(kernels, list | dict) else ""
-            echo(f"target    {tg.kind}:{tg.arch}{n}")
+            echo(
+                f"target    cuda:{tg.arch}  {len(tg.kernels)} kernels, {len(tg.launches)} launches, "
+                f"arena {m.pretty(tg.arena_bytes)} bytes, {tg.precision}, triton {tg.triton_version}, "
+                f"ptxas {tg.ptxas_version}, driver >= {tg.min_driver // 1000}.{tg.min_driver % 1000 // 10}"
+            )
+            for k in tg.kernels:
+                echo(f"  kernel  {k.name}  {k.member}, {k.num_warps} warps, {k.shared:,} bytes shared")
     nbytes = sum(math.prod(int(d) for d in t.shape) * ITEMSIZE[t.dtype] for t in m.weights.tensors)
     echo(f"weights   {len(m.weights.tensors)} tensors, {nbytes:,} bytes in {m.weights.member}")
     st = m.selftest

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from . import cuda_plan as plan
 from .cuda_driver import (
     MEMORYTYPE_DEVICE,
     MEMORYTYPE_UNIFIED,
@@ -22,6 +21,7 @@ from .cuda_driver import (
     Driver,
 )
 from .errors import InputMismatch, PackageCorrupt
+from .schema import Kernel, TensorSpec
 from .schema import numpy_dtype as np_dtype
 
 _DL_DTYPES = {
@@ -37,7 +37,7 @@ def nbytes(shape: tuple[int, ...], dtype: str) -> int:
 
 
 def device_ptr(
-    drv: Driver, ordinal: int, stream: Any, x: Any, *, t: plan.Tensor, shape: tuple[int, ...],
+    drv: Driver, ordinal: int, stream: Any, x: Any, *, t: TensorSpec, shape: tuple[int, ...],
     keep: list[Any], writable: bool,
 ) -> int | None:  # fmt: skip
     """The device address of ``x`` when it is a CUDA array of ``t``'s dtype and ``shape``, else None (host
@@ -99,15 +99,7 @@ def check_device_memory(drv: Driver, ordinal: int, ptr: int, name: str) -> None:
         raise InputMismatch(f"{name} is on cuda:{d[0]}; this executor runs on cuda:{ordinal}")
 
 
-def shape_of(x: Any) -> tuple[int, ...] | None:
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is not None:
-        return tuple(cai["shape"])
-    shp = getattr(x, "shape", None)
-    return tuple(int(s) for s in shp) if shp is not None else None
-
-
-def host_array(x: Any, t: plan.Tensor, shape: tuple[int, ...]) -> np.ndarray:
+def host_array(x: Any, t: TensorSpec, shape: tuple[int, ...]) -> np.ndarray:
     want = np_dtype(t.dtype)
     a = np.from_dlpack(x) if not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__") else np.asarray(x)
     if a.dtype != want:
@@ -130,7 +122,7 @@ def check_dense(name: str, got: tuple[int, ...], want: tuple[int, ...], strides:
         raise InputMismatch(f"{name}: device arrays must be C-contiguous (strides {list(strides)})")
 
 
-def check_elf(image: bytes, sm: int, k: plan.Kernel) -> None:
+def check_elf(image: bytes, sm: int, k: Kernel) -> None:
     """The member is a CUDA ELF for this target's SM, before it goes anywhere near the driver."""
     head_ok = len(image) >= 64 and image[:4] == b"\x7fELF" and image[4] == 2
     if not head_ok or struct.unpack_from("<H", image, 0x12)[0] != 190:

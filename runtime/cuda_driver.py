@@ -4,7 +4,7 @@ What it is: a thin, typed layer over ``libcuda.so.1`` (no CUDA toolkit, no compi
 CUresult is checked; a failure becomes ``DeviceError`` naming the call, the error name and string, and the
 kernel when there is one. After a fault that leaves the context unusable (illegal address, illegal
 instruction, launch failure, ...) the binding refuses every later call with one clear message instead of
-returning garbage. What it is not: the executor (``cuda.py``) or the manifest format (``cuda_plan.py``).
+returning garbage. What it is not: the executor (``cuda.py``) or the manifest format (``schema.py``).
 """
 
 from __future__ import annotations

@@ -85,8 +85,7 @@ def load(path: str | Path, device: str = "auto", num_threads: int | None = None)
 
 
 def _open_cuda(package: Package, device: str) -> Executor:
-    targets = package.manifest.cuda_targets
-    if not targets:
+    if not package.manifest.cuda_targets:
         have = ", ".join(f"cpu:{t.level}" for t in package.manifest.cpu_targets) or "none"
         raise IncompatiblePackage(f"the package has no CUDA target (it has: {have}): rebuild with --target cuda:sm_NN, or use device='cpu'")
     try:
@@ -94,7 +93,7 @@ def _open_cuda(package: Package, device: str) -> Executor:
     except ImportError as e:
         raise IncompatiblePackage(f"this aotc runtime cannot run CUDA targets ({e}); use device='cpu'") from None
     try:
-        ex: Executor = cuda.open_executor(package, targets, device)
+        ex: Executor = cuda.open_executor(package, device)
     except OSError as e:
         raise IncompatiblePackage(
             f"cannot use the CUDA driver ({e}): install the NVIDIA driver (libcuda.so.1), or use device='cpu'"

@@ -1,15 +1,16 @@
 """The package format: the manifest's dataclasses, its JSON form, and its validation. The one definition.
 
-What it is: ``Manifest`` and the small frozen dataclasses it is made of, ``to_json`` / ``from_json``, and the
-checks that make a manifest trustworthy before anything reads a member (every field typed, every size in the
-grammar of ``aotc.shapes``, every symbol declared and bindable, every referenced member listed).
+What it is: ``Manifest`` and the small frozen dataclasses it is made of (CPU and CUDA targets included),
+``to_json`` / ``from_json``, and the checks that make a manifest trustworthy before anything reads a member
+(every field typed, every size in the grammar of ``aotc.shapes``, every symbol declared and bindable, every
+launch argument matching its kernel's parameters, every referenced member listed). Fields are read by
+``aotc.reader``, driven by the dataclasses below, which refuses unknown fields.
 What it is not: the container. ``aotc.package`` reads the ZIP and checks hashes; ``aotc_build.package``
-writes it. CUDA targets are defined by ``aotc.cuda``: here they are kept as their raw dict
-(``CudaTargetRaw``) so this module does not need to know their fields.
+writes it.
 
 A manifest (JSON, keys sorted)::
 
-    {"format": "aotc", "format_version": 1,
+    {"format": "aotc", "format_version": 2,
      "model": {"name": "mlp", "source_sha256": "…"},
      "build": {"aotc": "0.1.0", "torch": "2.13.0", …},
      "symbols": [{"name": "s0", "label": "batch", "min": 1, "max": 256}],
@@ -17,9 +18,26 @@ A manifest (JSON, keys sorted)::
      "outputs": [{"name": "y", "dtype": "float32", "shape": ["s0", 64]}],
      "weights": {"member": "weights.safetensors", "tensors": [{"name": "fc1.weight", …}]},
      "targets": [{"kind": "cpu", "level": "x86-64-v4", "library": "cpu/x86-64-v4/model.so", …},
-                 {"kind": "cuda", "arch": "sm_90", …}],
+                 {"kind": "cuda", "arch": "sm_90", "kernels": […], "launches": […], …}],
      "members": {"weights.safetensors": {"sha256": "…", "size": 123}, …},
      "selftest": {"member": "selftest.safetensors", "inputs": […], "outputs": […], "rtol": …, "atol": …}}
+
+A CUDA target holds only what is its own; inputs, outputs, weights and symbols are the manifest's::
+
+    {"kind": "cuda", "arch": "sm_90", "triton_version": "3.9.0", "ptxas_version": "13.4",
+     "min_driver": 13000, "precision": "fp32",
+     "arena_bytes": "(4096*s0)", "arena": [{"name": "buf3", "offset": 0}, …],
+     "kernels": [{"name": "k0", "member": "cuda/sm_90/k0.cubin", "source": "cuda/sm_90/k0.py",
+                  "params": [{"kind": "ptr", "bytes": 8}, …, {"kind": "global_scratch", "bytes": 8}],
+                  "num_warps": 4, "num_ctas": 1, "cluster_dims": [1, 1, 1], "shared": 0, …}],
+     "launches": [{"kernel": "k0", "grid": ["CeilDiv(s0, 1)", 1, 1],
+                   "args": [{"kind": "ptr", "buffer": {"group": "input", "index": 0}, …},
+                            {"kind": "i32", "expr": "s0", …}, {"kind": "f32", "value": 2.5, …}]}]}
+
+``params`` are read from the compiled PTX ``.entry`` signature: the launch arguments first, then the
+scratch pointers Triton appends (``global_scratch`` since 3.3, ``profile_scratch`` since 3.5), which the
+runtime passes as device pointers, or 0 when their size is 0. Scalars are packed at ``bytes`` wide
+(fp32 as 4 bytes, fp16/bf16 as their 2-byte bit pattern).
 """
 
 from __future__ import annotations
@@ -29,16 +47,20 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from . import shapes
+from .cpu_features import LEVELS as CPU_LEVELS  # the levels are defined once, with their features
 from .errors import IncompatiblePackage, PackageCorrupt
+from .reader import bad as _bad
+from .reader import plain, read
+from .reader import size as _size
 from .shapes import Size
 
 FORMAT = "aotc"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
 
@@ -47,7 +69,10 @@ ITEMSIZE: dict[str, int] = {
     "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8,
     "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
 }  # fmt: skip
-CPU_LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
+# Bytes of each kind of CUDA kernel parameter: pointers, scalars at their PTX width, Triton's scratch pointers.
+SCALAR_BYTES = {"i1": 1, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+SCRATCH = ("global_scratch", "profile_scratch")
+PARAM_BYTES = {"ptr": 8, **SCALAR_BYTES, **dict.fromkeys(SCRATCH, 8)}
 
 
 @functools.cache
@@ -130,15 +155,99 @@ class CpuTarget:
 
 
 @dataclass(frozen=True)
-class CudaTargetRaw:
-    """A CUDA target as its raw manifest dict; ``aotc.cuda`` gives it meaning. ``raw`` holds every field."""
+class Param:
+    """One parameter of a kernel's PTX ``.entry``: its kind (a key of PARAM_BYTES) and width."""
 
     kind: str
-    arch: str
-    raw: Mapping[str, Any]
+    bytes: int
 
 
-Target = CpuTarget | CudaTargetRaw
+@dataclass(frozen=True)
+class Kernel:
+    """One cubin: a compiled Triton function and what launching it needs."""
+
+    name: str  # the function's name inside the cubin
+    member: str  # package member holding the cubin
+    params: tuple[Param, ...]  # every PTX parameter, scratch pointers last
+    num_warps: int
+    shared: int  # dynamic shared memory bytes
+    num_ctas: int = 1
+    cluster_dims: tuple[int, int, int] = (1, 1, 1)
+    global_scratch_size: int = 0
+    global_scratch_align: int = 1
+    profile_scratch_size: int = 0
+    profile_scratch_align: int = 1
+    launch_cooperative_grid: bool = False
+    launch_pdl: bool = False
+    enable_fp_fusion: bool = True
+    ptxas_version: str = ""
+    source: str | None = None  # package member holding the Triton source (for inspection only)
+
+    @property
+    def num_args(self) -> int:
+        return sum(1 for p in self.params if p.kind not in SCRATCH)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """The buffer a pointer argument names: a manifest input, output or weight, or an arena slot, by index."""
+
+    group: Literal["input", "output", "weight", "arena"]
+    index: int
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A launch argument: a buffer's device pointer, a size expression, or a literal scalar."""
+
+    kind: str  # "ptr" or a key of SCALAR_BYTES
+    buffer: Ref | None = None
+    expr: Size | None = None
+    value: float | int | bool | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[Size, Size, Size]
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """An intermediate buffer at a byte offset in the arena."""
+
+    name: str
+    offset: Size
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """Cubins for one SM and the launch sequence that runs them; buffers are the manifest's or arena slots."""
+
+    arch: str  # "sm_90"
+    triton_version: str
+    ptxas_version: str
+    min_driver: int  # the cuDriverGetVersion() value the cubins need
+    precision: str
+    arena_bytes: Size
+    arena: tuple[Slot, ...]
+    kernels: tuple[Kernel, ...]
+    launches: tuple[Launch, ...]
+    kind: str = "cuda"
+
+    @property
+    def sm(self) -> int:
+        return int(self.arch.removeprefix("sm_").rstrip("a"))
+
+    def kernel(self, name: str) -> Kernel:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+
+Target = CpuTarget | CudaTarget
 
 
 @dataclass(frozen=True)
@@ -176,8 +285,8 @@ class Manifest:
         return tuple(t for t in self.targets if isinstance(t, CpuTarget))
 
     @property
-    def cuda_targets(self) -> tuple[CudaTargetRaw, ...]:
-        return tuple(t for t in self.targets if isinstance(t, CudaTargetRaw))
+    def cuda_targets(self) -> tuple[CudaTarget, ...]:
+        return tuple(t for t in self.targets if isinstance(t, CudaTarget))
 
     def pretty(self, size: Size) -> str:
         """A size with symbol names replaced by the user's labels: ``"2*s0"`` -> ``"2*batch"``."""
@@ -188,50 +297,25 @@ class Manifest:
         """``float32[batch, 256]``."""
         return f"{spec.dtype}[{', '.join(self.pretty(d) for d in spec.shape)}]"
 
+    def buffers(self, group: str) -> tuple[Any, ...]:
+        """What a ``Ref`` of ``group`` indexes, for a CUDA target's arena given separately."""
+        return {"input": self.inputs, "output": self.outputs, "weight": self.weights.tensors}[group]
+
     def referenced_members(self) -> list[str]:
-        """The members this module knows are needed (CUDA targets may reference more)."""
+        """Every member the manifest names: weights, libraries, cubins and their sources, the self-test."""
         out = [self.weights.member, *(t.library for t in self.cpu_targets)]
+        for t in self.cuda_targets:
+            out += [p for k in t.kernels for p in (k.member, k.source) if p is not None]
         if self.selftest is not None:
             out.append(self.selftest.member)
         return out
 
 
-# ---- to JSON -------------------------------------------------------------------------------------------
-
-
-def _tensor(t: TensorSpec) -> dict[str, Any]:
-    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
-
-
-def _target(t: Target) -> dict[str, Any]:
-    if isinstance(t, CudaTargetRaw):
-        return dict(t.raw)
-    return {
-        "kind": t.kind, "level": t.level, "features": list(t.features), "library": t.library,
-        "abi_version": t.abi_version, "arena_bytes": t.arena_bytes, "compiler": t.compiler,
-        "flags": list(t.flags), "kernels": list(t.kernels), "min_glibc": t.min_glibc,
-    }  # fmt: skip
-
-
-def _selftest(st: SelfTest) -> dict[str, Any]:
-    return {"member": st.member, "inputs": list(st.inputs), "outputs": list(st.outputs), "rtol": st.rtol, "atol": st.atol}
+# ---- JSON ------------------------------------------------------------------------------------------------
 
 
 def to_dict(m: Manifest) -> dict[str, Any]:
-    st = m.selftest
-    return {
-        "format": FORMAT,
-        "format_version": m.format_version,
-        "model": {"name": m.model.name, "source_sha256": m.model.source_sha256},
-        "build": dict(m.build),
-        "symbols": [{"name": s.name, "label": s.label, "min": s.min, "max": s.max} for s in m.symbols],
-        "inputs": [_tensor(t) for t in m.inputs],
-        "outputs": [_tensor(t) for t in m.outputs],
-        "weights": {"member": m.weights.member, "tensors": [_tensor(t) for t in m.weights.tensors]},
-        "targets": [_target(t) for t in m.targets],
-        "members": {p: {"sha256": v.sha256, "size": v.size} for p, v in m.members.items()},
-        "selftest": None if st is None else _selftest(st),
-    }
+    return {"format": FORMAT, **plain(m)}
 
 
 def to_json(m: Manifest) -> str:
@@ -240,131 +324,15 @@ def to_json(m: Manifest) -> str:
     return json.dumps(to_dict(m), sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n"
 
 
-# ---- from JSON: typed field access that names the bad field -----------------------------------------
-
-
-def _bad(where: str, what: str) -> PackageCorrupt:
-    return PackageCorrupt(f"manifest field {where!r}: {what}; the package is damaged or was not written by aotc")
-
-
-class _Obj:
-    """A JSON object being read, with its path for error messages; refuses unknown keys."""
-
-    def __init__(self, value: object, where: str) -> None:
-        if not isinstance(value, dict):
-            raise _bad(where, f"expected an object, got {type(value).__name__}")
-        self.d: dict[str, Any] = value
-        self.where = where
-        self.seen: set[str] = set()
-
-    def at(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, *, optional: bool = False) -> Any:
-        self.seen.add(key)
-        if key not in self.d:
-            if optional:
-                return None
-            raise _bad(self.at(key), "missing")
-        return self.d[key]
-
-    def text(self, key: str) -> str:
-        v = self.get(key)
-        if not isinstance(v, str):
-            raise _bad(self.at(key), f"expected a string, got {v!r}")
-        return v
-
-    def integer(self, key: str) -> int:
-        v = self.get(key)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise _bad(self.at(key), f"expected an integer, got {v!r}")
-        return v
-
-    def opt_integer(self, key: str) -> int | None:
-        return None if self.get(key) is None else self.integer(key)
-
-    def number(self, key: str) -> float:
-        v = self.get(key)
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            raise _bad(self.at(key), f"expected a number, got {v!r}")
-        return float(v)
-
-    def array(self, key: str) -> list[Any]:
-        v = self.get(key)
-        if not isinstance(v, list):
-            raise _bad(self.at(key), f"expected a list, got {type(v).__name__}")
-        return v
-
-    def texts(self, key: str) -> tuple[str, ...]:
-        v = self.array(key)
-        for i, s in enumerate(v):
-            if not isinstance(s, str):
-                raise _bad(f"{self.at(key)}[{i}]", f"expected a string, got {s!r}")
-        return tuple(v)
-
-    def obj(self, key: str) -> _Obj:
-        return _Obj(self.get(key), self.at(key))
-
-    def done(self) -> None:
-        extra = sorted(set(self.d) - self.seen)
-        if extra:
-            raise _bad(self.at(extra[0]), "unknown field (a newer aotc may have written it)")
-
-
-def _size(v: object, where: str) -> Size:
-    if isinstance(v, int) and not isinstance(v, bool):
-        if v < 0:
-            raise _bad(where, f"negative size {v}")
-        return v
-    if isinstance(v, str):
-        try:
-            shapes.symbols(v)
-        except shapes.ShapeExprError as e:
-            raise _bad(where, str(e)) from None
-        return v
-    raise _bad(where, f"expected an int or a size expression, got {v!r}")
-
-
-def _tensor_from(v: object, where: str) -> TensorSpec:
-    o = _Obj(v, where)
-    shape = o.array("shape")
-    t = TensorSpec(o.text("name"), o.text("dtype"), tuple(_size(d, f"{o.at('shape')}[{i}]") for i, d in enumerate(shape)))
-    o.done()
-    return t
-
-
-def _target_from(v: object, where: str) -> Target:
-    o = _Obj(v, where)
-    kind = o.text("kind")
-    if kind == "cuda":
-        return CudaTargetRaw(kind, o.text("arch"), dict(o.d))
-    if kind != "cpu":
-        raise _bad(o.at("kind"), f"unknown target kind {kind!r} (known: cpu, cuda)")
-    t = CpuTarget(
-        level=o.text("level"),
-        features=o.texts("features"),
-        library=o.text("library"),
-        abi_version=o.integer("abi_version"),
-        arena_bytes=_size(o.get("arena_bytes"), o.at("arena_bytes")),
-        compiler=o.text("compiler"),
-        flags=o.texts("flags"),
-        kernels=o.texts("kernels"),
-        min_glibc=o.get("min_glibc", optional=True) or "",
-    )
-    if not isinstance(t.min_glibc, str) or (t.min_glibc and not re.fullmatch(r"\d+\.\d+", t.min_glibc)):
-        raise _bad(o.at("min_glibc"), f"expected a glibc version like '2.36', got {t.min_glibc!r}")
-    o.done()
-    return t
-
-
 def from_dict(d: object) -> Manifest:
     """A validated Manifest from parsed JSON. Format and version are checked first: a package from another
     format version is refused as incompatible before its other fields are read."""
-    top = _Obj(d, "")
-    fmt = top.get("format", optional=True)
-    if fmt != FORMAT:
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        fmt = d.get("format") if isinstance(d, dict) else None
         raise PackageCorrupt(f"not an aotc package: manifest.json has format={fmt!r}, expected {FORMAT!r}")
-    version = top.integer("format_version")
+    version = d.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise _bad("format_version", f"expected an integer, got {version!r}")
     if version != FORMAT_VERSION:
         from . import __version__
 
@@ -376,47 +344,7 @@ def from_dict(d: object) -> Manifest:
         raise IncompatiblePackage(
             f"package format version {version}; this runtime (aotc {__version__}) reads format version {FORMAT_VERSION}: {fix}"
         )
-    mo = top.obj("model")
-    model = ModelInfo(mo.text("name"), mo.text("source_sha256"))
-    mo.done()
-    bo = top.obj("build")
-    build = {k: bo.text(k) for k in sorted(bo.d)}
-    syms = []
-    for i, v in enumerate(top.array("symbols")):
-        so = _Obj(v, f"symbols[{i}]")
-        syms.append(Symbol(so.text("name"), so.text("label"), so.integer("min"), so.opt_integer("max")))
-        so.done()
-    wo = top.obj("weights")
-    weights = Weights(
-        wo.text("member"),
-        tuple(_tensor_from(t, f"weights.tensors[{i}]") for i, t in enumerate(wo.array("tensors"))),
-    )
-    wo.done()
-    members = {}
-    mem = top.obj("members")
-    for path in sorted(mem.d):
-        eo = mem.obj(path)
-        members[path] = Member(eo.text("sha256"), eo.integer("size"))
-        eo.done()
-    st_raw = top.get("selftest")
-    selftest = None
-    if st_raw is not None:
-        so = _Obj(st_raw, "selftest")
-        selftest = SelfTest(so.text("member"), so.texts("inputs"), so.texts("outputs"), so.number("rtol"), so.number("atol"))
-        so.done()
-    m = Manifest(
-        model=model,
-        build=build,
-        symbols=tuple(syms),
-        inputs=tuple(_tensor_from(t, f"inputs[{i}]") for i, t in enumerate(top.array("inputs"))),
-        outputs=tuple(_tensor_from(t, f"outputs[{i}]") for i, t in enumerate(top.array("outputs"))),
-        weights=weights,
-        targets=tuple(_target_from(t, f"targets[{i}]") for i, t in enumerate(top.array("targets"))),
-        members=members,
-        selftest=selftest,
-        format_version=version,
-    )
-    top.done()
+    m = read(Manifest, {k: v for k, v in d.items() if k != "format"})
     validate(m)
     return m
 
@@ -481,10 +409,7 @@ def validate(m: Manifest) -> None:
             if t.dtype not in ITEMSIZE:
                 raise _bad(f"{group}[{i}].dtype", f"unknown dtype {t.dtype!r} (known: {', '.join(ITEMSIZE)})")
             for a, d in enumerate(t.shape):
-                _size(d, f"{group}[{i}].shape[{a}]")
-                undeclared = shapes.symbols(d) - declared
-                if undeclared:
-                    raise _bad(f"{group}[{i}].shape[{a}]", f"undeclared symbol {sorted(undeclared)[0]!r}")
+                _expr(d, f"{group}[{i}].shape[{a}]", declared)
             if group == "weights.tensors" and not t.is_static:
                 raise _bad(f"{group}[{i}].shape", "weights must have static shapes")
     # The runtime binds each symbol from an input dimension that is exactly that symbol.
@@ -498,11 +423,11 @@ def validate(m: Manifest) -> None:
             if tg.level not in CPU_LEVELS:
                 raise _bad(f"targets[{i}].level", f"unknown level {tg.level!r} (known: {', '.join(CPU_LEVELS)})")
             check_member_name(tg.library, f"targets[{i}].library")
-            _size(tg.arena_bytes, f"targets[{i}].arena_bytes")
-            if shapes.symbols(tg.arena_bytes) - declared:
-                raise _bad(f"targets[{i}].arena_bytes", "uses an undeclared symbol")
-        elif tg.raw.get("kind") != tg.kind or tg.raw.get("arch") != tg.arch:
-            raise _bad(f"targets[{i}]", "raw dict disagrees with kind/arch")
+            _expr(tg.arena_bytes, f"targets[{i}].arena_bytes", declared)
+            if not isinstance(tg.min_glibc, str) or (tg.min_glibc and not re.fullmatch(r"\d+\.\d+", tg.min_glibc)):
+                raise _bad(f"targets[{i}].min_glibc", f"expected a glibc version like '2.36', got {tg.min_glibc!r}")
+        else:
+            _check_cuda(m, tg, f"targets[{i}]", declared)
     if m.selftest is not None:
         st = m.selftest
         check_member_name(st.member, "selftest.member")
@@ -520,3 +445,78 @@ def validate(m: Manifest) -> None:
         for path in m.referenced_members():
             if path not in m.members:
                 raise _bad("members", f"{path!r} is referenced but not listed")
+
+
+_ARCH = re.compile(r"sm_[0-9]+a?")
+
+
+def _expr(d: Size, where: str, declared: set[str]) -> None:
+    _size(d, where)
+    undeclared = shapes.symbols(d) - declared
+    if undeclared:
+        raise _bad(where, f"undeclared symbol {sorted(undeclared)[0]!r}")
+
+
+def _check_cuda(m: Manifest, t: CudaTarget, where: str, declared: set[str]) -> None:
+    """What the reader cannot see field by field: names, parameter widths, and launches that fit their
+    kernels and name buffers that exist."""
+    if not _ARCH.fullmatch(t.arch):
+        raise _bad(f"{where}.arch", f"{t.arch!r} is not of the form sm_NN")
+    if t.min_driver < 0:
+        raise _bad(f"{where}.min_driver", f"negative ({t.min_driver})")
+    _expr(t.arena_bytes, f"{where}.arena_bytes", declared)
+    for j, s in enumerate(t.arena):
+        if not _NAME.fullmatch(s.name):
+            raise _bad(f"{where}.arena[{j}].name", f"{s.name!r} is not an identifier")
+        _expr(s.offset, f"{where}.arena[{j}].offset", declared)
+    _unique((s.name for s in t.arena), f"{where}.arena")
+    member = re.compile(rf"cuda/{re.escape(t.arch)}/[A-Za-z_][A-Za-z0-9_]*\.")
+    for j, k in enumerate(t.kernels):
+        at = f"{where}.kernels[{j}]"
+        if not _NAME.fullmatch(k.name):
+            raise _bad(f"{at}.name", f"{k.name!r} is not a kernel name")
+        for key, path, ext in (("member", k.member, "cubin"), ("source", k.source, "py")):
+            if path is not None and not (member.match(path) and path == f"{path.rsplit('.', 1)[0]}.{ext}"):
+                raise _bad(f"{at}.{key}", f"{path!r} is not a cuda/{t.arch}/<name>.{ext} member")
+        for n, p in enumerate(k.params):
+            if PARAM_BYTES.get(p.kind) != p.bytes or (n < k.num_args) == (p.kind in SCRATCH):
+                raise _bad(f"{at}.params[{n}]", f"kind {p.kind!r} with {p.bytes} bytes is not a known parameter here")
+        counts = {"num_warps": k.num_warps, "num_ctas": k.num_ctas, "global_scratch_align": k.global_scratch_align,
+                  "profile_scratch_align": k.profile_scratch_align}  # fmt: skip
+        counts.update({f"cluster_dims[{n}]": c for n, c in enumerate(k.cluster_dims)})
+        for key, v in counts.items():
+            if v < 1:
+                raise _bad(f"{at}.{key}", f"must be at least 1, got {v}")
+        for key, v in (("shared", k.shared), ("global_scratch_size", k.global_scratch_size),
+                       ("profile_scratch_size", k.profile_scratch_size)):  # fmt: skip
+            if v < 0:
+                raise _bad(f"{at}.{key}", f"negative ({v})")
+    _unique((k.name for k in t.kernels), f"{where}.kernels")
+    kernels = {k.name: k for k in t.kernels}
+    counts = {"input": len(m.inputs), "output": len(m.outputs), "weight": len(m.weights.tensors), "arena": len(t.arena)}
+    for j, x in enumerate(t.launches):
+        at = f"{where}.launches[{j}]"
+        if x.kernel not in kernels:
+            raise _bad(f"{at}.kernel", f"names no kernel of this target: {x.kernel!r}")
+        k = kernels[x.kernel]
+        for n, g in enumerate(x.grid):
+            _expr(g, f"{at}.grid[{n}]", declared)
+        if len(x.args) != k.num_args:
+            raise _bad(f"{at}.args", f"{len(x.args)} arguments for kernel {k.name!r}, whose PTX takes {k.num_args}")
+        for n, a in enumerate(x.args):
+            _check_arg(a, k.params[n].kind, f"{at}.args[{n}]", counts, declared)
+
+
+def _check_arg(a: Arg, want: str, where: str, counts: dict[str, int], declared: set[str]) -> None:
+    if a.kind != want:
+        raise _bad(f"{where}.kind", f"{a.kind!r} but the kernel's parameter is {want!r}")
+    given = [k for k, v in (("buffer", a.buffer), ("expr", a.expr), ("value", a.value)) if v is not None]
+    need = "buffer" if a.kind == "ptr" else given[0] if given in (["expr"], ["value"]) else "expr or value"
+    if given != [need]:
+        raise _bad(where, f"a {a.kind} argument takes exactly one {need}, got {given or 'none'}")
+    if a.buffer is not None and not 0 <= a.buffer.index < counts[a.buffer.group]:
+        raise _bad(f"{where}.buffer", f"names no buffer of this target: {a.buffer.group} {a.buffer.index}")
+    if a.expr is not None:
+        _expr(a.expr, f"{where}.expr", declared)
+    if a.value is not None and a.kind[0] in "iu" and not isinstance(a.value, int):
+        raise _bad(f"{where}.value", f"{a.value!r} is not an integer for a {a.kind} argument")

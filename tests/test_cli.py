@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
@@ -12,9 +13,9 @@ import numpy as np
 import pytest
 from affine_pkg import affine_manifest, reference
 from aotc import cli as cli_mod
-from aotc import errors
+from aotc import errors, schema
 from aotc.cli import cli
-from aotc.schema import to_dict
+from aotc.schema import FORMAT_VERSION, to_dict
 from click.testing import CliRunner
 from test_package import flip, write_raw
 
@@ -90,9 +91,26 @@ def test_corrupt_and_incompatible_exit_codes(make_package, tmp_path: Path) -> No
     r = invoke("run", pkg)
     assert r.exit_code == errors.PackageCorrupt.exit_code and "sha256" in r.stderr
     d = to_dict(affine_manifest())
-    d["format_version"] = 2
-    r = invoke("verify", write_raw(tmp_path / "v2.pkg", d, {}))
+    d["format_version"] = FORMAT_VERSION + 1
+    r = invoke("verify", write_raw(tmp_path / "newer.pkg", d, {}))
     assert r.exit_code == errors.IncompatiblePackage.exit_code and "upgrade the runtime" in r.stderr
+
+
+def _with_cuda(m: schema.Manifest, members: dict[str, bytes]) -> tuple[schema.Manifest, dict[str, bytes]]:
+    k = schema.Kernel("affine_k", "cuda/sm_90/affine_k.cubin", (schema.Param("ptr", 8), schema.Param("global_scratch", 8)),
+                      num_warps=4, shared=1024, source="cuda/sm_90/affine_k.py")  # fmt: skip
+    launch = schema.Launch("affine_k", ("s0", 1, 1), (schema.Arg("ptr", buffer=schema.Ref("input", 0)),))
+    t = schema.CudaTarget("sm_90", "3.6.0", "12.8", 12080, "fp32", 0, (), (k,), (launch,))
+    blobs = {"cuda/sm_90/affine_k.cubin": b"\x7fELF", "cuda/sm_90/affine_k.py": b"import triton\n"}
+    return dataclasses.replace(m, targets=(*m.targets, t)), {**members, **blobs}
+
+
+def test_inspect_shows_cuda_kernels(make_package) -> None:
+    r = invoke("inspect", make_package("cuda.pkg", edit=_with_cuda))
+    assert r.exit_code == 0, r.output
+    assert "target    cuda:sm_90  1 kernels, 1 launches" in r.stdout and "driver >= 12.8" in r.stdout
+    assert "  kernel  affine_k  cuda/sm_90/affine_k.cubin, 4 warps, 1,024 bytes shared" in r.stdout
+    assert "member    ok       cuda/sm_90/affine_k.cubin" in r.stdout
 
 
 def test_verify_pass_and_fail(make_package) -> None:
@@ -111,7 +129,7 @@ def test_inspect(make_package) -> None:
     r = invoke("inspect", pkg)
     assert r.exit_code == 0, r.output
     for line in (
-        "format    aotc format version 1",
+        f"format    aotc format version {FORMAT_VERSION}",
         "model     affine",
         "symbol    batch (s0) in [1, 64]",
         "input     x: float32[batch, 4]",
@@ -122,7 +140,7 @@ def test_inspect(make_package) -> None:
     ):
         assert line in r.stdout
     js = json.loads(invoke("inspect", pkg, "--json").stdout)
-    assert js["manifest"]["format_version"] == 1 and set(js["member_status"].values()) == {"ok"}
+    assert js["manifest"]["format_version"] == FORMAT_VERSION and set(js["member_status"].values()) == {"ok"}
     flip(pkg, "weights.safetensors")
     r = invoke("inspect", pkg)
     assert r.exit_code == errors.PackageCorrupt.exit_code

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aotc import cuda_plan, shapes
+from aotc import schema, shapes
 from aotc.errors import CompileError
 from aotc_build import cubin
 from aotc_build.codegen import triton as tg
@@ -40,20 +40,19 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_cubins_for_sm(name: str, sm: int, cache: Path) -> None:
     case = CASES[name]
-    raw, members = cubin.build_cuda_target(case.prog, Target("cuda", f"sm_{sm}"), BuildOptions(precision=case.precision), cache)
-    t = cuda_plan.parse(raw)
+    t, members = cubin.build_cuda_target(case.prog, Target("cuda", f"sm_{sm}"), BuildOptions(precision=case.precision), cache)
     assert t.arch == f"sm_{sm}" and t.min_driver >= 12000
     for k in t.kernels:
         image = members[k.member]
         assert image[:4] == b"\x7fELF"
         assert cubin.elf_sm(image, k.ptxas_version) == sm
         assert members[k.source or ""].startswith(b"import triton")
-        kinds = [kind for kind, _ in k.params]
+        kinds = [p.kind for p in k.params]
         assert kinds[k.num_args :] in (["global_scratch"], ["global_scratch", "profile_scratch"])
-        assert all(b == cuda_plan.PARAM_BYTES[kind] for kind, b in k.params)
+        assert all(p.bytes == schema.PARAM_BYTES[p.kind] for p in k.params)
     for launch in t.launches:
         k = t.kernel(launch.kernel)
-        assert [a.kind for a in launch.args] == [kind for kind, _ in k.params[: k.num_args]]
+        assert [a.kind for a in launch.args] == [p.kind for p in k.params[: k.num_args]]
         for env in case.trials:
             grid = [shapes.evaluate(g, env) for g in launch.grid]
             assert grid[0] >= 1 and grid[1:] == [1, 1]
@@ -63,9 +62,9 @@ def test_identical_kernels_share_one_cubin(cache: Path) -> None:
     case = CASES["two_kernels_arena"]
     prog = case.prog
     prog2 = dataclasses.replace(prog, kernels=[prog.kernels[0], prog.kernels[0]])
-    raw, members = cubin.build_cuda_target(prog2, Target("cuda", "sm_90"), BuildOptions(), cache)
-    assert len(raw["kernels"]) == 1 and len(raw["launches"]) == 2
-    assert [x["kernel"] for x in raw["launches"]] == ["scale", "scale"]
+    t, members = cubin.build_cuda_target(prog2, Target("cuda", "sm_90"), BuildOptions(), cache)
+    assert len(t.kernels) == 1 and len(t.launches) == 2
+    assert [x.kernel for x in t.launches] == ["scale", "scale"]
 
 
 def test_same_program_same_bytes(tmp_path: Path) -> None:

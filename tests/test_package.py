@@ -18,7 +18,7 @@ from aotc.errors import IncompatiblePackage, PackageCorrupt, UsageError
 from aotc.package import ALIGN, Package, read_entries
 from aotc.schema import (
     FORMAT_VERSION,
-    CudaTargetRaw,
+    CudaTarget,
     Symbol,
     TensorSpec,
     from_json,
@@ -59,7 +59,7 @@ def test_manifest_round_trip() -> None:
         affine_manifest(),
         targets=(
             *affine_manifest().targets,
-            CudaTargetRaw("cuda", "sm_90", {"kind": "cuda", "arch": "sm_90", "x": [1]}),
+            CudaTarget("sm_90", "3.6.0", "12.8", 12080, "bf16", "s0*64", (), (), ()),
         ),
     )
     text = to_json(m)
@@ -101,14 +101,14 @@ def test_symbol_must_be_bindable() -> None:
         to_json(m)
 
 
-@pytest.mark.parametrize("version", [FORMAT_VERSION + 1, 0])
+@pytest.mark.parametrize("version", [FORMAT_VERSION + 1, 1, 0])
 def test_other_format_version_is_incompatible(tmp_path: Path, version: int) -> None:
     d = to_dict(affine_manifest())
     d["format_version"] = version
     d["something_new"] = True  # fields of other versions are not even looked at
     path = write_raw(tmp_path / "v.pkg", d, {})
     fix = "upgrade the runtime" if version > FORMAT_VERSION else "rebuild the package"
-    with pytest.raises(IncompatiblePackage, match=f"format version {version}.*reads format version 1.*{fix}"):
+    with pytest.raises(IncompatiblePackage, match=f"format version {version}.*reads format version {FORMAT_VERSION}.*{fix}"):
         Package(path)
 
 

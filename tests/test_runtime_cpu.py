@@ -18,7 +18,7 @@ from affine_pkg import INCLUDE, reference
 from aotc import cpu
 from aotc.cpu_features import LEVEL_FEATURES, cpu_flags, cpu_level
 from aotc.errors import DeviceError, IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
-from aotc.schema import CpuTarget, CudaTargetRaw, TensorSpec
+from aotc.schema import CpuTarget, CudaTarget, TensorSpec
 from test_package import flip
 
 
@@ -279,8 +279,8 @@ def test_unknown_device(make_package) -> None:
 
 
 def _with_cuda_target(m, members):
-    raw = {"kind": "cuda", "arch": "sm_90"}
-    return dataclasses.replace(m, targets=(*m.targets, CudaTargetRaw("cuda", "sm_90", raw))), members
+    t = CudaTarget("sm_90", "3.6.0", "12.8", 12080, "fp32", 0, (), (), ())
+    return dataclasses.replace(m, targets=(*m.targets, t)), members
 
 
 def test_cuda_requests(make_package, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,8 +301,8 @@ def test_cuda_handoff(make_package, monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_package("cuda.pkg", edit=_with_cuda_target)
     calls = []
 
-    def no_gpu(package, targets, device):
-        calls.append((targets, device))
+    def no_gpu(package, device):
+        calls.append((package.manifest.cuda_targets, device))
         raise OSError("libcuda.so.1: cannot open shared object file")
 
     monkeypatch.setitem(sys.modules, "aotc.cuda", types.SimpleNamespace(open_executor=no_gpu))

@@ -1,12 +1,13 @@
-"""Build the GPU test artifacts on a machine without a GPU: cubins, target dicts and test vectors.
+"""Build the GPU test artifacts on a machine without a GPU: cubins, manifests and test vectors.
 
     python tests/gpu/build_artifacts.py .aotc-cache/gpu [--sm 90]
 
 For every case of ``programs.py`` and every hand-written launch-ABI kernel (one per scalar parameter type,
 one that needs global scratch, launches that need cuLaunchKernelEx, one that faults on purpose) this writes
-``<out>/<case>/target.json``, the members it names, and ``data.npz`` (weights, inputs and numpy reference
-outputs at two symbol values; bf16 arrays as uint16 bit patterns). ``run_cases.py`` runs them on a GPU with
-nothing but numpy and cffi. The folder is carried to the GPU machine; nothing is compiled there.
+``<out>/<case>/manifest.json`` (a package manifest with one CUDA target), the members it names, and
+``data.npz`` (weights, inputs and numpy reference outputs at two symbol values; bf16 arrays as uint16 bit
+patterns). ``run_cases.py`` runs them on a GPU with nothing but numpy and cffi. The folder is carried to
+the GPU machine; nothing is compiled there.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from _paths import ensure_importable
 ensure_importable(builder=True)
 
 import programs  # noqa: E402
-from aotc import cuda_plan as plan  # noqa: E402
+from aotc import schema  # noqa: E402
+from aotc.schema import Arg, CudaTarget, Manifest, ModelInfo, Ref, Symbol, TensorSpec, Weights  # noqa: E402
 from aotc_build import cubin  # noqa: E402
+from aotc_build import kernel as K  # noqa: E402
 from aotc_build.options import BuildOptions, Target  # noqa: E402
+from aotc_build.symbolic import to_size  # noqa: E402
 
 SCALAR_SRC = """import triton
 import triton.language as tl
@@ -105,21 +109,37 @@ def plan_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def _shape(t: plan.Tensor, env: dict[str, int]) -> tuple[int, ...]:
+def _spec(b: K.Buffer) -> TensorSpec:
+    return TensorSpec(b.name, b.dtype.value, tuple(to_size(d) for d in b.shape))
+
+
+def program_manifest(prog: K.Plan, target: CudaTarget, weights: Weights | None = None, selftest: schema.SelfTest | None = None) -> Manifest:
+    """The manifest around a CUDA target built from ``prog``: its buffers as inputs, outputs and weights
+    (in the order the target's pointer arguments index them), named as in ``prog``."""
+    return Manifest(
+        model=ModelInfo("case", "0" * 64), build={"aotc": "test"},
+        symbols=tuple(Symbol(s.name, s.label, s.min, s.max) for s in prog.symbols),
+        inputs=tuple(map(_spec, prog.inputs)), outputs=tuple(map(_spec, prog.outputs)),
+        weights=weights or Weights("weights.safetensors", tuple(map(_spec, prog.weights))),
+        targets=(target,), selftest=selftest,
+    )  # fmt: skip
+
+
+def _shape(t: TensorSpec, env: dict[str, int]) -> tuple[int, ...]:
     from aotc import shapes
 
     return tuple(shapes.evaluate(d, env) for d in t.shape)
 
 
 def write_case(
-    out: Path, name: str, target: dict[str, Any], members: dict[str, bytes], *,
+    out: Path, name: str, manifest: Manifest, members: dict[str, bytes], *,
     arrays: dict[str, np.ndarray], meta: dict[str, Any],
 ) -> None:  # fmt: skip
     d = out / name
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
-    (d / "target.json").write_text(json.dumps(target, indent=1, sort_keys=True))
+    (d / "manifest.json").write_text(schema.to_json(manifest))  # validated as the runtime will read it
     for member, data in members.items():
         p = d / member
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -131,83 +151,71 @@ def write_case(
 
 def program_case(out: Path, case: programs.Case, sm: int, cache: Path, seed: int) -> None:
     target, members = cubin.build_cuda_target(case.prog, Target("cuda", f"sm_{sm}"), BuildOptions(precision=case.precision), cache)
-    t = plan.parse(target)
+    m = program_manifest(case.prog, target)
     rng = np.random.default_rng(seed)
     arrays: dict[str, np.ndarray] = {}
-    weights = {w.name: _rand(rng, _shape(w, {}), w.dtype) for w in t.weights}
+    weights = {w.name: _rand(rng, _shape(w, {}), w.dtype) for w in m.weights.tensors}
     arrays.update({f"w:{k}": v for k, v in weights.items()})
     for i, env in enumerate(case.trials):
-        inputs = {x.name: _rand(rng, _shape(x, env), x.dtype, case.int_inputs.get(x.name)) for x in t.inputs}
+        inputs = {x.name: _rand(rng, _shape(x, env), x.dtype, case.int_inputs.get(x.name)) for x in m.inputs}
         ref = case.ref(inputs, weights)
         arrays.update({f"in{i}:{k}": v for k, v in inputs.items()})
         arrays.update({f"ref{i}:{k}": np.asarray(v) for k, v in ref.items()})
     meta = {"trials": case.trials, "rtol": case.rtol, "atol": case.atol, "kind": "program"}
-    write_case(out, case.name, target, members, arrays=arrays, meta=meta)
+    write_case(out, case.name, m, members, arrays=arrays, meta=meta)
 
 
 def package_case(out: Path, case: programs.Case, sm: int, cache: Path, seed: int) -> None:
     """A whole package (manifest, weights, self-test, the CUDA target) for ``aotc.load`` on the GPU."""
-    from aotc.schema import CudaTargetRaw, Manifest, ModelInfo, Symbol, TensorSpec
     from aotc_build.package import selftest_member, weights_member, write_package
 
     target, members = cubin.build_cuda_target(case.prog, Target("cuda", f"sm_{sm}"), BuildOptions(precision=case.precision), cache)
-    t = plan.parse(target)
+    m = program_manifest(case.prog, target)
     rng = np.random.default_rng(seed)
-    weights = [(w.name, _rand(rng, _shape(w, {}), w.dtype)) for w in t.weights]
+    weights = [(w.name, _rand(rng, _shape(w, {}), w.dtype)) for w in m.weights.tensors]
+    out_dtypes = {o.name: plan_dtype(o.dtype) for o in m.outputs}
     arrays = {}
     for i, env in enumerate(case.trials):
-        inputs = {x.name: _rand(rng, _shape(x, env), x.dtype, case.int_inputs.get(x.name)) for x in t.inputs}
+        inputs = {x.name: _rand(rng, _shape(x, env), x.dtype, case.int_inputs.get(x.name)) for x in m.inputs}
         ref = case.ref(inputs, dict(weights))
         arrays.update({f"in{i}:{k}": v for k, v in inputs.items()})
-        arrays.update({f"ref{i}:{k}": np.asarray(v).astype(_np_of(t, k)) for k, v in ref.items()})
+        arrays.update({f"ref{i}:{k}": np.asarray(v).astype(out_dtypes[k]) for k, v in ref.items()})
     wspec, blob = weights_member(weights)
     st, st_blob = selftest_member(
-        [(x.name, arrays[f"in0:{x.name}"]) for x in t.inputs], [(o.name, arrays[f"ref0:{o.name}"]) for o in t.outputs],
+        [(x.name, arrays[f"in0:{x.name}"]) for x in m.inputs], [(o.name, arrays[f"ref0:{o.name}"]) for o in m.outputs],
         rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-5),
-    )  # fmt: skip
-    manifest = Manifest(
-        model=ModelInfo(case.name, "0" * 64), build={"aotc": "test"},
-        symbols=tuple(Symbol(s.name, s.label, s.min, s.max) for s in case.prog.symbols),
-        inputs=tuple(TensorSpec(x.name, x.dtype, x.shape) for x in t.inputs),
-        outputs=tuple(TensorSpec(o.name, o.dtype, o.shape) for o in t.outputs),
-        weights=wspec, targets=(CudaTargetRaw("cuda", target["arch"], target),), selftest=st,
     )  # fmt: skip
     d = out / f"pkg_{case.name}"
     d.mkdir(parents=True, exist_ok=True)
-    write_package(d / "model.pkg", manifest, {**members, wspec.member: blob, st.member: st_blob})
+    write_package(d / "model.pkg", program_manifest(case.prog, target, wspec, st), {**members, wspec.member: blob, st.member: st_blob})
     np.savez(d / "data.npz", **{k: _store(v) for k, v in arrays.items()})
     meta = {"trials": case.trials, "rtol": case.rtol, "atol": case.atol, "kind": "package",
             "dtypes": {k: v.dtype.name for k, v in arrays.items()}}  # fmt: skip
     (d / "case.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
 
 
-def _np_of(t: plan.CudaTarget, name: str) -> np.dtype:
-    return plan_dtype(next(o.dtype for o in t.outputs if o.name == name))
-
-
 def _one_kernel_target(
-    sm: int, c: cubin.Compiled, src: str, *, args: list[plan.Arg], kinds: list[str],
-    grid: tuple[Any, Any, Any], inputs: list[plan.Tensor], outputs: list[plan.Tensor],
+    sm: int, c: cubin.Compiled, src: str, *, args: list[Arg], kinds: list[str],
+    grid: tuple[Any, Any, Any], inputs: list[TensorSpec], outputs: list[TensorSpec],
     symbols: tuple[str, ...],
-) -> tuple[dict[str, Any], dict[str, bytes]]:  # fmt: skip
+) -> tuple[Manifest, dict[str, bytes]]:  # fmt: skip
+    """A manifest whose one CUDA target launches ``c`` once; pointer arguments index ``inputs``/``outputs``."""
     arch = f"sm_{sm}"
-    k = plan.Kernel(
-        name=c.name, member=f"cuda/{arch}/{c.name}.cubin", params=c.plan_params(kinds), num_warps=c.num_warps,
-        shared=c.shared, num_ctas=c.num_ctas, cluster_dims=c.cluster_dims,
-        global_scratch_size=c.global_scratch_size, global_scratch_align=c.global_scratch_align,
-        profile_scratch_size=c.profile_scratch_size, profile_scratch_align=c.profile_scratch_align,
-        launch_cooperative_grid=c.launch_cooperative_grid, launch_pdl=c.launch_pdl,
-        enable_fp_fusion=c.enable_fp_fusion, ptxas_version=c.ptxas_version, source=f"cuda/{arch}/{c.name}.py",
-    )  # fmt: skip
-    t = plan.CudaTarget(
+    k = c.kernel(f"cuda/{arch}/{c.name}.cubin", f"cuda/{arch}/{c.name}.py", kinds)
+    t = CudaTarget(
         arch=arch, triton_version=c.triton_version, ptxas_version=c.ptxas_version,
-        min_driver=int(c.ptxas_version.split(".")[0]) * 1000, symbols=symbols, inputs=tuple(inputs),
-        outputs=tuple(outputs), weights=(), arena_bytes=0, arena=(), kernels=(k,),
-        launches=(plan.Launch(c.name, grid, tuple(args)),),
+        min_driver=int(c.ptxas_version.split(".")[0]) * 1000, precision="fp32", arena_bytes=0, arena=(),
+        kernels=(k,), launches=(schema.Launch(c.name, grid, tuple(args)),),
     )  # fmt: skip
-    d = t.to_dict()
-    plan.parse(d)
-    return d, {k.member: c.cubin, f"cuda/{arch}/{c.name}.py": src.encode()}
+    m = Manifest(
+        model=ModelInfo(c.name, "0" * 64), build={"aotc": "test"},
+        symbols=tuple(Symbol(s, s, 0, None) for s in symbols), inputs=tuple(inputs), outputs=tuple(outputs),
+        weights=Weights("weights.safetensors", ()), targets=(t,),
+    )  # fmt: skip
+    return m, {k.member: c.cubin, f"cuda/{arch}/{c.name}.py": src.encode()}
+
+
+X, Y = Arg("ptr", buffer=Ref("input", 0)), Arg("ptr", buffer=Ref("output", 0))
 
 
 def scalar_cases(out: Path, sm: int, cache: Path) -> None:
@@ -219,9 +227,8 @@ def scalar_cases(out: Path, sm: int, cache: Path) -> None:
         ptr = "*i8" if kind == "i1" else f"*{sig}"
         signature = {"x_ptr": ptr, "y_ptr": ptr, "s": sig, "n": "i32", "BLOCK": "constexpr"}
         c = cubin.compile_source(src, name, signature, {"BLOCK": 256}, sm=sm, cache_dir=cache, aligned=("x_ptr", "y_ptr"))
-        xt, yt = plan.Tensor("x", dtype, ("n",)), plan.Tensor("y", dtype, ("n",))
-        args = [plan.Arg("ptr", buffer="x"), plan.Arg("ptr", buffer="y"), plan.Arg(kind, value=value),
-                plan.Arg("i32", expr="n")]  # fmt: skip
+        xt, yt = TensorSpec("x", dtype, ("n",)), TensorSpec("y", dtype, ("n",))
+        args = [X, Y, Arg(kind, value=value), Arg("i32", expr="n")]
         target, members = _one_kernel_target(
             sm,
             c,
@@ -258,9 +265,8 @@ def ex_cases(out: Path, sm: int, cache: Path) -> None:
         signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "s": "fp32", "n": "i32", "BLOCK": "constexpr"}
         c = cubin.compile_source(src, name, signature, {"BLOCK": 256}, sm=sm, cache_dir=cache,
                                  aligned=("x_ptr", "y_ptr"), extra_options=opts)  # fmt: skip
-        xt, yt = plan.Tensor("x", "float32", ("n",)), plan.Tensor("y", "float32", ("n",))
-        args = [plan.Arg("ptr", buffer="x"), plan.Arg("ptr", buffer="y"), plan.Arg("f32", value=3.0),
-                plan.Arg("i32", expr="n")]  # fmt: skip
+        xt, yt = TensorSpec("x", "float32", ("n",)), TensorSpec("y", "float32", ("n",))
+        args = [X, Y, Arg("f32", value=3.0), Arg("i32", expr="n")]
         target, members = _one_kernel_target(
             sm,
             c,
@@ -291,8 +297,8 @@ def scratch_case(out: Path, sm: int, cache: Path) -> None:
     c = cubin.compile_source(SCRATCH_SRC, "tma_scale", signature, {"N": 64, "BM": 32, "BN": 64}, sm=sm,
                              cache_dir=cache, aligned=("x_ptr", "y_ptr"))  # fmt: skip
     assert c.global_scratch_size > 0, "expected Triton to give a TMA kernel global scratch"
-    xt, yt = plan.Tensor("x", "float32", ("m", 64)), plan.Tensor("y", "float32", ("m", 64))
-    args = [plan.Arg("ptr", buffer="x"), plan.Arg("ptr", buffer="y"), plan.Arg("i32", expr="m")]
+    xt, yt = TensorSpec("x", "float32", ("m", 64)), TensorSpec("y", "float32", ("m", 64))
+    args = [X, Y, Arg("i32", expr="m")]
     target, members = _one_kernel_target(
         sm,
         c,
@@ -318,8 +324,8 @@ def fault_case(out: Path, sm: int, cache: Path) -> None:
     """A kernel that stores through a bad address: the runtime must raise, then refuse further work."""
     signature = {"y_ptr": "*fp32", "addr": "i64", "BLOCK": "constexpr"}
     c = cubin.compile_source(FAULT_SRC, "fault", signature, {"BLOCK": 32}, sm=sm, cache_dir=cache)
-    yt = plan.Tensor("y", "float32", (32,))
-    args = [plan.Arg("ptr", buffer="y"), plan.Arg("i64", value=16)]
+    yt = TensorSpec("y", "float32", (32,))
+    args = [Y, Arg("i64", value=16)]
     target, members = _one_kernel_target(
         sm, c, FAULT_SRC, args=args, kinds=["ptr", "i64"], grid=(1, 1, 1), inputs=[], outputs=[yt], symbols=()
     )
