@@ -56,14 +56,15 @@ def aotc_rows(art: Path) -> list[dict]:
             t0 = time.perf_counter()
             model = aotc.load(pkg, device="cuda")
             load_ms = (time.perf_counter() - t0) * 1e3
-            ex = model.executor.ex  # the CudaExecutor
-            xs = [ex.to_device(x) for x in _inputs(name, batch, precision == "bf16")]
+            ex = model.executor  # the CudaExecutor
             host = _inputs(name, batch, precision == "bf16")
+            xs = [ex.to_device(x) for x in host]
+            env = model.bind([x.shape for x in host])
             row = {"model": name, "precision": precision, "batch": batch, "load_ms": round(load_ms, 2)}
-            row["plain_ms"] = _median_ms(lambda ex=ex, xs=xs: ex.run(xs, device_outputs=True, graph=False))
-            row["graph_ms"] = _median_ms(lambda ex=ex, xs=xs: ex.run(xs, device_outputs=True, graph=True))
+            row["plain_ms"] = _median_ms(lambda ex=ex, xs=xs, env=env: ex.run(xs, env, device_outputs=True, graph=False))
+            row["graph_ms"] = _median_ms(lambda ex=ex, xs=xs, env=env: ex.run(xs, env, device_outputs=True, graph=True))
             row["numpy_io_graph_ms"] = _median_ms(lambda model=model, host=host: model(*host))
-            row["kernels"] = len(ex.plan.kernels) if hasattr(ex.plan, "kernels") else None
+            row["kernels"] = len(ex.cuda.kernels)
             rows.append(row)
             print(f"{name:12s} {precision:5s} b={batch:<3d} plain {row['plain_ms']:.3f} ms  graph {row['graph_ms']:.3f} ms"
                   f"  numpy-io {row['numpy_io_graph_ms']:.3f} ms  load {load_ms:.1f} ms", flush=True)

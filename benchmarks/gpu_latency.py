@@ -93,34 +93,36 @@ def programs() -> dict[str, Any]:
 
 def build(out: Path, sm: int) -> None:
     ensure_importable(builder=True)
+    from aotc import schema
     from aotc_build import cubin
     from aotc_build.options import BuildOptions, Target
+    from build_artifacts import program_manifest
 
     for name, (prog, precision) in programs().items():
         t0 = time.perf_counter()
-        raw, members = cubin.build_cuda_target(
+        t, members = cubin.build_cuda_target(
             prog, Target("cuda", f"sm_{sm}"), BuildOptions(precision=precision), out.parent / "cubin-cache"
         )
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
-        (d / "target.json").write_text(json.dumps(raw, indent=1, sort_keys=True))
+        (d / "manifest.json").write_text(schema.to_json(program_manifest(prog, t)))
         for m, data in members.items():
             (d / m).parent.mkdir(parents=True, exist_ok=True)
             (d / m).write_bytes(data)
-        print(f"built {name}: {len(raw['kernels'])} cubins for {len(raw['launches'])} launches "
+        print(f"built {name}: {len(t.kernels)} cubins for {len(t.launches)} launches "
               f"in {time.perf_counter() - t0:.1f}s")  # fmt: skip
 
 
 # ---- run side (numpy, cffi, libcuda; torch only for the eager comparison) -------------------------------
 
 
-def _weights(raw: dict[str, Any], np_dtype: Any) -> list[np.ndarray]:
+def _weights(m: Any, np_dtype: Any) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     out = []
-    for w in raw["weights"]:
-        shape = tuple(int(d) for d in w["shape"])
+    for w in m.weights.tensors:
+        shape = tuple(int(d) for d in w.shape)
         scale = 1.0 / np.sqrt(shape[0]) if len(shape) == 2 else 0.1
-        out.append((rng.standard_normal(shape) * scale).astype(np.float32).astype(np_dtype(w["dtype"])))
+        out.append((rng.standard_normal(shape) * scale).astype(np.float32).astype(np_dtype(w.dtype)))
     return out
 
 
@@ -196,10 +198,13 @@ def run(art: Path, iters: int, json_path: Path | None) -> list[dict[str, Any]]:
     info = cuda.device_info()
     rows: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
-    for d in sorted(p for p in art.iterdir() if (p / "target.json").exists()):
-        raw = json.loads((d / "target.json").read_text())
-        meta = {"triton_build": raw["triton_version"], "ptxas": raw["ptxas_version"], "arch": raw["arch"]}
-        rows.append(_bench(cuda, d, raw, iters))
+    from aotc import schema
+
+    for d in sorted(p for p in art.iterdir() if (p / "manifest.json").exists()):
+        m = schema.from_json((d / "manifest.json").read_text())
+        t = m.cuda_targets[0]
+        meta = {"triton_build": t.triton_version, "ptxas": t.ptxas_version, "arch": t.arch}
+        rows.append(_bench(cuda, d, m, iters))
     _print(rows, info)
     if json_path is not None:
         torch_version = None
@@ -214,22 +219,23 @@ def run(art: Path, iters: int, json_path: Path | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _bench(cuda: Any, d: Path, raw: dict[str, Any], iters: int) -> dict[str, Any]:
+def _bench(cuda: Any, d: Path, m: Any, iters: int) -> dict[str, Any]:
     name = d.name
-    weights = _weights(raw, cuda.np_dtype)
-    ex = cuda.CudaExecutor(raw, lambda m: (d / m).read_bytes(), weights)
-    dt = cuda.np_dtype(raw["inputs"][0]["dtype"])
+    weights = _weights(m, cuda.np_dtype)
+    ex = cuda.CudaExecutor(m, m.cuda_targets[0], lambda member: (d / member).read_bytes(), weights)
+    dt = cuda.np_dtype(m.inputs[0].dtype)
     x = np.random.default_rng(1).standard_normal((BATCH, 1024)).astype(np.float32).astype(dt)
-    (y,) = ex.run([x], graph=False)
+    env = {"s0": BATCH}  # every program here has one symbol, the batch
+    (y,) = ex.run([x], env, graph=False)
     ref = _reference(name, x, weights)
     err = float(np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref))
     dx = ex.to_device(x)
-    dy = ex.empty(tuple(y.shape), raw["outputs"][0]["dtype"])
-    row: dict[str, Any] = {"program": name, "batch": BATCH, "launches": len(raw["launches"]), "rel_err": err}
-    row["host_plain"] = _time(lambda: ex.run([x], graph=False), iters)
-    row["host_graph"] = _time(lambda: ex.run([x], graph=True), iters)
-    row["device_plain"] = _time(lambda: ex.run([dx], outputs=[dy], graph=False), iters)
-    row["device_graph"] = _time(lambda: ex.run([dx], outputs=[dy], graph=True), iters)
+    dy = ex.empty(tuple(y.shape), m.outputs[0].dtype)
+    row: dict[str, Any] = {"program": name, "batch": BATCH, "launches": len(m.cuda_targets[0].launches), "rel_err": err}
+    row["host_plain"] = _time(lambda: ex.run([x], env, graph=False), iters)
+    row["host_graph"] = _time(lambda: ex.run([x], env, graph=True), iters)
+    row["device_plain"] = _time(lambda: ex.run([dx], env, outputs=[dy], graph=False), iters)
+    row["device_graph"] = _time(lambda: ex.run([dx], env, outputs=[dy], graph=True), iters)
     row["graph_error"] = ex.graph_error
     row["torch_eager"] = _torch_eager(name, x, weights, iters)
     ex.close()

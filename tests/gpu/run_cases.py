@@ -9,6 +9,7 @@ the run proves the runtime needs neither. Prints one JSON line per case.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.abc
 import json
 import sys
@@ -30,7 +31,7 @@ from _paths import ensure_importable  # noqa: E402
 ensure_importable()
 
 import numpy as np  # noqa: E402
-from aotc import cuda  # noqa: E402
+from aotc import cuda, schema  # noqa: E402
 from aotc.errors import DeviceError, IncompatiblePackage, PackageCorrupt  # noqa: E402
 
 
@@ -53,9 +54,9 @@ def package(case_dir: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray])
     return out
 
 
-def load(case_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
+def load(case_dir: Path) -> tuple[schema.Manifest | None, dict[str, Any], dict[str, np.ndarray]]:
     meta = json.loads((case_dir / "case.json").read_text())
-    raw = json.loads((case_dir / "target.json").read_text()) if meta["kind"] != "package" else {}
+    m = schema.from_json((case_dir / "manifest.json").read_text()) if meta["kind"] != "package" else None
     arrays: dict[str, np.ndarray] = {}
     if (case_dir / "data.npz").exists():
         with np.load(case_dir / "data.npz", allow_pickle=False) as z:
@@ -66,7 +67,7 @@ def load(case_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.n
 
                     a = a.view(ml_dtypes.bfloat16)
                 arrays[k] = a
-    return raw, meta, arrays
+    return m, meta, arrays
 
 
 def reader(case_dir: Path):
@@ -101,20 +102,21 @@ def poison(ex: cuda.CudaExecutor) -> None:
 
 
 def run_case(case_dir: Path) -> dict[str, Any]:
-    raw, meta, arrays = load(case_dir)
-    if meta["kind"] == "fault":
-        return fault(raw, case_dir)
+    m, meta, arrays = load(case_dir)
     if meta["kind"] == "package":
         return package(case_dir, meta, arrays)
+    assert m is not None
+    if meta["kind"] == "fault":
+        return fault(m, case_dir)
     out: dict[str, Any] = {"checks": []}
-    picked = cuda.pick_target([{"kind": "cpu"}, raw])
-    assert picked is not None and picked["arch"] == raw["arch"]
-    weights = [arrays[f"w:{w['name']}"] for w in raw["weights"]]
-    ex = cuda.CudaExecutor(raw, reader(case_dir), weights)
-    in_names = [t["name"] for t in raw["inputs"]]
-    out_names = [t["name"] for t in raw["outputs"]]
+    picked = cuda.pick_target(m.cuda_targets)
+    assert picked is not None and picked == m.cuda_targets[0]
+    weights = [arrays[f"w:{w.name}"] for w in m.weights.tensors]
+    ex = cuda.CudaExecutor(m, picked, reader(case_dir), weights)
+    in_names = [t.name for t in m.inputs]
+    out_names = [t.name for t in m.outputs]
     order = [0, 1, 0] if len(meta["trials"]) > 1 else [0]
-    out_dtypes = [cuda.np_dtype(t["dtype"]) for t in raw["outputs"]]
+    out_dtypes = [cuda.np_dtype(t.dtype) for t in m.outputs]
     for mode in ("plain", "graph", "zero_copy", "device_out"):
         for i in order:
             syms = meta["trials"][i]
@@ -158,8 +160,8 @@ def run_mode(
     return [d.numpy() for d in ex.run(inputs, syms, device_outputs=True)]
 
 
-def fault(raw: dict[str, Any], case_dir: Path) -> dict[str, Any]:
-    ex = cuda.CudaExecutor(raw, reader(case_dir), [], graphs=False)
+def fault(m: schema.Manifest, case_dir: Path) -> dict[str, Any]:
+    ex = cuda.CudaExecutor(m, m.cuda_targets[0], reader(case_dir), [], graphs=False)
     out: dict[str, Any] = {}
     try:
         ex.run([], {})
@@ -178,8 +180,10 @@ def fault(raw: dict[str, Any], case_dir: Path) -> dict[str, Any]:
 def refusals(art: Path) -> dict[str, Any]:
     """What the runtime must refuse, on a real driver: other archs, newer drivers, bad cubins, bad dicts."""
     case_dir = art / "pointwise_permute"
-    raw, _meta, arrays = load(case_dir)
-    weights = [arrays[f"w:{w['name']}"] for w in raw["weights"]]
+    m, _meta, arrays = load(case_dir)
+    assert m is not None
+    (t,) = m.cuda_targets
+    weights = [arrays[f"w:{w.name}"] for w in m.weights.tensors]
     out: dict[str, Any] = {}
 
     def expect(name: str, exc: type[Exception], fn) -> None:
@@ -191,19 +195,20 @@ def refusals(art: Path) -> dict[str, Any]:
         except Exception as e:  # the wrong type of error is a failure too
             out[name] = f"wrong {type(e).__name__}: {e}"
 
-    other = dict(raw, arch="sm_80")
+    other = dataclasses.replace(t, arch="sm_80")
     expect("other_arch", IncompatiblePackage, lambda: cuda.pick_target([other]))
-    newer = dict(raw, min_driver=99000)
+    newer = dataclasses.replace(t, min_driver=99000)
     expect("newer_driver", IncompatiblePackage, lambda: cuda.pick_target([newer]))
-    out["no_cuda_target"] = "ok" if cuda.pick_target([{"kind": "cpu"}]) is None else "returned a target"
-    bad = dict(raw, launches="nope")
-    expect("malformed", PackageCorrupt, lambda: cuda.pick_target([bad]))
+    out["no_cuda_target"] = "ok" if cuda.pick_target([]) is None else "returned a target"
+    bad = schema.to_dict(m)
+    bad["targets"][0]["launches"] = "nope"
+    expect("malformed", PackageCorrupt, lambda: schema.from_dict(bad))
 
     def garbage(member: str) -> bytes:
         return b"not a cubin" * 10
 
-    expect("bad_cubin", PackageCorrupt, lambda: cuda.CudaExecutor(raw, garbage, weights))
-    expect("missing_member", PackageCorrupt, lambda: cuda.CudaExecutor(raw, {}, weights))
+    expect("bad_cubin", PackageCorrupt, lambda: cuda.CudaExecutor(m, t, garbage, weights))
+    expect("missing_member", PackageCorrupt, lambda: cuda.CudaExecutor(m, t, {}, weights))
     out["ok"] = all(v.startswith("ok") for v in out.values())
     out["device"] = cuda.device_info()
     return out
