@@ -31,6 +31,8 @@ __all__ = ["IGNORED", "TABLE", "lower_program"]
 
 
 def lower_program(cap: Captured) -> Graph:
+    """The captured program as an IR graph: placeholders become INPUT/WEIGHT nodes (weights copied out of
+    torch), every call goes through its rule, every node keeps the user's source line."""
     ep = cap.program
     gm = ep.graph_module
     b = Builder()  # placeholders carry no source line
