@@ -72,8 +72,8 @@ def compile_graph(cap: Captured, seconds: dict[str, float] | None = None) -> tup
         graph = run_pipeline(graph, verify)
     with _stage(seconds, "fuse"):
         prog, fusion_log = fuse(graph)
-        prog = plan_memory(prog)
-    return graph, prog, fusion_log
+        plan = plan_memory(prog)
+    return graph, plan, fusion_log
 
 
 def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:

@@ -1,8 +1,12 @@
-"""A small helper that appends typed IR nodes: explicit broadcasting and dtype casts in one place."""
+"""A small helper that appends typed IR nodes: explicit broadcasting and dtype casts in one place.
+
+What it is not: a graph. It only appends nodes to a list that lowering turns into a ``Graph``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from .ir import (
     Attr,
@@ -34,12 +38,16 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
     return tuple(out)
 
 
+@dataclass(frozen=True)
 class Builder:
-    """Appends nodes to ``nodes``; ``source`` is stamped on every node made while it is set."""
+    """Appends nodes to ``nodes``, each stamped with ``source`` (the user's line they lower)."""
 
-    def __init__(self) -> None:
-        self.nodes: list[Node] = []
-        self.source: str | None = None
+    nodes: list[Node] = field(default_factory=list)
+    source: str | None = None
+
+    def at(self, source: str | None) -> Builder:
+        """A builder onto the same node list whose nodes carry ``source``: lowering makes one per FX node."""
+        return Builder(self.nodes, source)
 
     def add(self, op: Op, inputs: Sequence[Node], dtype: DType, shape: Shape, attr: Attr = None) -> Node:
         n = Node(op, tuple(inputs), TensorType(dtype, tuple(as_dim(d) for d in shape)), attr, self.source)

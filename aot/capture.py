@@ -1,8 +1,10 @@
 """model.py -> torch.export -> core ATen ExportedProgram.
 
-Loads the user's file by the DESIGN.md convention (``model`` or ``get_model()``, ``example_inputs`` or
-``get_example_inputs()``, optional ``dynamic_shapes``), exports it, and decomposes to core ATen. Export
-failures become ``CaptureError`` naming the cause and the user's source line, not a torch traceback.
+Loads the user's model.py: it defines ``model`` (an ``nn.Module``) or ``get_model()``, and ``example_inputs``
+(a tuple) or ``get_example_inputs()``, optionally ``dynamic_shapes`` in torch.export's form; ``--entry`` and
+``--inputs-entry`` name other attributes. Exports it and decomposes to core ATen. Export failures become
+``CaptureError`` naming the cause and the user's source line, not a torch traceback.
+What it is not: lowering; the ExportedProgram goes to ``aotc_build.lower`` as it is.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ class Captured:
     program: torch.export.ExportedProgram
     model: torch.nn.Module
     example_inputs: tuple[Any, ...]
-    input_names: list[str]
     dims: dict[tuple[str, int], tuple[str, int, int | None]]  # (input name, axis) -> the user's Dim: name, min, max
     name: str
     source_sha256: str
@@ -176,7 +177,6 @@ def capture_module(
         program=ep,
         model=model,
         example_inputs=inputs,
-        input_names=[s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"],
         dims=declared,
         name=name,
         source_sha256=source_sha256,

@@ -240,7 +240,7 @@ class _Build:
     steps: list[K.Reduction] = field(default_factory=list)
     step_memo: dict[tuple[Node, Idx], int] = field(default_factory=dict)
     region: set[Node] = field(default_factory=set)
-    memo: dict[tuple[int, Idx], K.Value] = field(default_factory=dict)
+    memo: dict[tuple[Node, Idx], K.Value] = field(default_factory=dict)
 
     def load(self, node: Node, idx: Idx) -> K.Value | None:
         view = self.fusion.strided(node)
@@ -253,7 +253,7 @@ class _Build:
     def value(self, node: Node, idx: Idx) -> K.Value:
         if node is self.library:
             return self.acc(node, idx)
-        key = (node.id, idx)
+        key = (node, idx)
         if key in self.memo:  # a DAG, not a tree: shared producers are built once per position
             return self.memo[key]
         if node is not self.root:
@@ -416,6 +416,7 @@ class _Build:
 class Fusion:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
+        self.ids = graph.ids()  # node numbers name kernels and buffers: same graph, same package bytes
         self.users = graph.users()
         self.realized: dict[Node, str] = {}
         self.log: list[str] = []
@@ -423,7 +424,7 @@ class Fusion:
         self.buffers: dict[Node, K.Buffer] = {}
         for k, n in enumerate(graph.inputs):
             self._realize(n, f"in{k}", "input")
-        for k, n in enumerate(sorted((n for n in graph.nodes if n.op is Op.WEIGHT), key=lambda n: n.id)):
+        for k, n in enumerate(sorted((n for n in graph.nodes if n.op is Op.WEIGHT), key=lambda n: self.ids[n])):
             self._realize(n, f"w{k}", "weight")
         for k, n in enumerate(graph.outputs):
             self._realize(n, f"out{k}", "output")
@@ -439,8 +440,8 @@ class Fusion:
 
     def realize(self, n: Node, reason: str) -> None:
         assert n not in self.realized, n
-        self._realize(n, f"buf{n.id}", "arena")
-        self.log.append(f"realize {n} ({n.op.name}, {n.source or 'no source'}): {reason}")
+        self._realize(n, f"buf{self.ids[n]}", "arena")
+        self.log.append(f"realize %{self.ids[n]}:{n.op.name} ({n.op.name}, {n.source or 'no source'}): {reason}")
 
     def strided(self, n: Node) -> tuple | None:
         if n in self._strided:
@@ -520,7 +521,7 @@ class Fusion:
                 stack.append(n.inputs[1])
                 continue
             stack.extend(n.inputs)
-        return sorted(libs, key=lambda x: -x.id), sorted(reds, key=lambda x: x.id)
+        return sorted(libs, key=lambda x: -self.ids[x]), sorted(reds, key=lambda x: self.ids[x])
 
     def _library(self, root: Node, lib: Node, name: str) -> tuple[K.Kernel, set[Node]]:
         vars_ = K.loop_vars("i", len(lib.shape))
@@ -660,7 +661,7 @@ class Fusion:
             try:
                 for root in self.roots():
                     if root not in built:
-                        built[root] = self.build(root, f"k{root.id}")
+                        built[root] = self.build(root, f"k{self.ids[root]}")
             except Realize as r:
                 self.realize(r.node, r.reason)
                 built = {k: v for k, v in built.items() if r.node not in v[1]}
@@ -673,7 +674,7 @@ class Fusion:
             shared = [n for n, rs in owners.items() if len(rs) > 1 and not self.duplicable(n)]
             if not shared:
                 break
-            n = min(shared, key=lambda x: x.id)
+            n = min(shared, key=lambda x: self.ids[x])
             self.realize(n, f"read by {len(owners[n])} kernels")
             built = {k: v for k, v in built.items() if n not in v[1]}
         order = self.roots()
@@ -698,8 +699,6 @@ def _own_outputs(g: Graph) -> Graph:
 def fuse(graph: Graph) -> tuple[K.Program, list[str]]:
     """The kernels in launch order over named buffers (arena not yet planned), and the fusion log."""
     graph = _own_outputs(graph)
-    for k, n in enumerate(graph.nodes):
-        n.id = k  # stable kernel and buffer names: same graph, same package bytes
     f = Fusion(graph)
     sched = f.schedule()
     kernels = []

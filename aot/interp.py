@@ -2,6 +2,7 @@
 
 Slow and plain on purpose. Generated C++ and Triton are checked against it (and against eager torch).
 Sizes are evaluated with ``env`` (symbol name -> int), bound from the inputs' shapes.
+What it is not: fast, or the kernel-level interpreter (``kernel_interp.py`` runs fused kernels).
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import builtins
 import enum
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
 import sympy
+from aotc.schema import ITEMSIZE
 
 # int or a sympy expression (sympy ships no type stubs, so mypy sees Any either way)
 Dim: TypeAlias = Any
@@ -40,7 +40,7 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return _ITEMSIZE[self]
+        return ITEMSIZE[self.value]  # the package format's table, keyed by the manifest name
 
     @property
     def is_float(self) -> builtins.bool:
@@ -56,12 +56,6 @@ class DType(enum.Enum):
 
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(self.value)
-
-
-_ITEMSIZE = {
-    DType.f32: 4, DType.f64: 8, DType.f16: 2, DType.bf16: 2, DType.i64: 8,
-    DType.i32: 4, DType.i16: 2, DType.i8: 1, DType.u8: 1, DType.bool: 1,
-}  # fmt: skip
 
 
 class Op(enum.Enum):
@@ -252,19 +246,16 @@ class TensorType:
         return n
 
 
-_ids = itertools.count()
-
-
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class Node:
-    """One value of the graph. Identity matters; nodes are compared by ``is``."""
+    """One value of the graph: immutable, compared by identity (``is``), so two equal-looking nodes stay two
+    values. A node has no number of its own; its graph numbers it by position (``Graph.ids``)."""
 
     op: Op
     inputs: tuple[Node, ...]
     type: TensorType
     attr: Attr = None
     source: str | None = None  # the user's source line this came from, for error messages
-    id: int = field(default_factory=lambda: next(_ids))
 
     @property
     def dtype(self) -> DType:
@@ -275,7 +266,8 @@ class Node:
         return self.type.shape
 
     def __repr__(self) -> str:
-        return f"%{self.id}:{self.op.name}"
+        shape = "x".join(str(d).replace(" ", "") for d in self.shape) or "scalar"
+        return f"{self.op.name}:{self.dtype.value}[{shape}]"
 
 
 @dataclass(frozen=True)
@@ -288,15 +280,22 @@ class Symbol:
     max: int | None
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Graph:
-    """Nodes in topological order. ``weights`` holds the constant data for WEIGHT nodes."""
+    """Nodes in topological order. ``weights`` holds the constant data for WEIGHT nodes.
+
+    Passes build a new Graph rather than change this one; node numbers are positions in ``nodes``.
+    """
 
     nodes: list[Node]
     inputs: list[Node]
     outputs: list[Node]
     weights: dict[str, np.ndarray]
     symbols: list[Symbol] = field(default_factory=list)
+
+    def ids(self) -> dict[Node, int]:
+        """Each node's number: its position, so the same graph always prints and names the same way."""
+        return {n: k for k, n in enumerate(self.nodes)}
 
     def users(self) -> dict[Node, list[Node]]:
         out: dict[Node, list[Node]] = {n: [] for n in self.nodes}

@@ -4,6 +4,7 @@ Sizes are symbolic, so a slot's size is the Max over the buffers it holds; offse
 The runtime (and generated C++) evaluates them per call, so one plan serves the whole dynamic range.
 Note: a kernel never writes a slot that one of its own inputs occupies (no in-place reuse), because
 templates read operands while they write results.
+What it is not: fusion; ``plan_memory`` takes a finished Program and returns a Plan, changing neither.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def _align(e: sympy.Expr | int) -> sympy.Expr | int:
 
 
 def plan_memory(prog: K.Program) -> K.Plan:
+    """The Program with an offset for each arena buffer (a new Plan; ``prog`` stays as it was)."""
     arena = {b.name: b for b in prog.arena}
     first: dict[str, int] = {}
     last: dict[str, int] = {}

@@ -1,4 +1,8 @@
-"""The IR's text form, for golden tests and --dump output. Stable: node numbers follow graph order."""
+"""The IR's text form, for golden tests and debugging. Stable: node numbers are positions in graph order
+(``Graph.ids``), so the same graph prints the same text.
+
+What it is not: a parser; nothing reads this text back.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ def _attr(n: Node) -> str:
 
 
 def print_graph(g: Graph, sources: bool = False) -> str:
-    num = {n: k for k, n in enumerate(g.nodes)}
+    num = g.ids()
     lines = []
     syms = ", ".join(f"{s.name}:{s.label}[{s.min}..{s.max}]" for s in g.symbols)
     lines.append(f"graph({', '.join(f'%{num[i]}' for i in g.inputs)}) symbols({syms}) {{")

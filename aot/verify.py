@@ -1,4 +1,7 @@
-"""The IR verifier: typing and shape rules every graph must satisfy after every pass."""
+"""The IR verifier: typing and shape rules every graph must satisfy after every pass.
+
+What it is not: a fixer; it names the first broken node (its number in the printed graph) and the stage.
+"""
 
 from __future__ import annotations
 
@@ -23,23 +26,24 @@ class VerifyError(AssertionError):
 
 
 def _fail(n: Node, msg: str, where: str) -> None:
-    raise VerifyError(f"{where}: {n} ({n.op.name}, {n.source or 'no source'}): {msg}")
+    raise VerifyError(f"{where} = {n} ({n.source or 'no source'}): {msg}")
 
 
 def verify(g: Graph, where: str = "graph") -> None:
+    """Raise VerifyError at the first rule ``g`` breaks; ``where`` names the stage that made it."""
     seen: set[Node] = set()
-    for n in g.nodes:
+    for k, n in enumerate(g.nodes):
+        at = f"{where}: %{k}"  # the node's number in print_graph's text
         for i in n.inputs:
             if i not in seen:
-                _fail(n, f"input {i} is not defined before use", where)
+                _fail(n, f"input {i} is not defined before use", at)
         seen.add(n)
-        _check(n, where)
+        _check(n, at)
+        if n.op is Op.WEIGHT and n.attr.name not in g.weights:  # type: ignore[union-attr]
+            _fail(n, "weight data missing", at)
     for o in g.outputs:
         if o not in seen:
             raise VerifyError(f"{where}: output {o} is not a node of the graph")
-    for n in g.nodes:
-        if n.op is Op.WEIGHT and n.attr.name not in g.weights:  # type: ignore[union-attr]
-            _fail(n, "weight data missing", where)
 
 
 def _check(n: Node, where: str) -> None:

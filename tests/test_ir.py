@@ -5,6 +5,7 @@ Set UPDATE_GOLDEN=1 to rewrite the golden files after an intended change, then r
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,11 @@ import torch
 from aotc.errors import CaptureError, UnsupportedOp, UsageError
 from aotc_build.build import compile_graph
 from aotc_build.capture import capture, capture_module
-from aotc_build.fusion import reshape_index, view_strides
-from aotc_build.ir import DType, Graph, Node, Op, TensorType
+from aotc_build.fusion import fuse, reshape_index, view_strides
+from aotc_build.ir import DType, Graph, InputAttr, Node, Op, TensorType
 from aotc_build.lower import lower_program
-from aotc_build.passes import run_pipeline
+from aotc_build.memory import plan_memory
+from aotc_build.passes import PIPELINE, rewrite
 from aotc_build.printer import print_graph
 from aotc_build.verify import VerifyError, verify
 from golden import check_golden
@@ -25,14 +27,62 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _stages(g: Graph) -> str:
+    """The graph after lowering and after each pass of PIPELINE, one header per stage."""
+    out = ["# lower", print_graph(g)]
+    for k, p in enumerate(PIPELINE, 1):
+        g = p(g)
+        verify(g, p.__name__)
+        out += [f"# pass {k}: {p.__name__}", print_graph(g)]
+    return "\n".join(out)
+
+
 @pytest.mark.parametrize("example", ["mlp", "cnn"])
-def test_printed_ircheck_golden(example: str) -> None:
-    cap = capture(ROOT / "examples" / f"{example}.py")
-    g = lower_program(cap)
+def test_printed_ir_of_every_stagecheck_golden(example: str) -> None:
+    g = lower_program(capture(ROOT / "examples" / f"{example}.py"))
     verify(g, "lower")
-    check_golden(f"{example}.lowered.ir", print_graph(g))
-    g = run_pipeline(g, verify)
-    check_golden(f"{example}.passes.ir", print_graph(g))
+    check_golden(f"{example}.stages.ir", _stages(g))
+
+
+def _snapshot(g: Graph) -> tuple:
+    """What a pass could change in place: the printout, which node objects there are, and the weight data."""
+    return print_graph(g, sources=True), [id(n) for n in g.nodes], {k: (id(v), v.tobytes()) for k, v in g.weights.items()}
+
+
+@pytest.mark.parametrize("example", ["cnn", "transformer"])
+def test_every_stage_leaves_its_input_unchanged(example: str) -> None:
+    g = lower_program(capture(ROOT / "examples" / f"{example}.py"))
+    changed = []
+    for p in PIPELINE:
+        before = _snapshot(g)
+        out = p(g)
+        assert _snapshot(g) == before, f"{p.__name__} changed its input graph"
+        changed.append(print_graph(out) != before[0])
+        g = out
+    assert any(changed), "no pass changed anything: the check above proved nothing"
+    before = _snapshot(g)
+    prog, _ = fuse(g)
+    assert _snapshot(g) == before, "fuse changed its input graph"
+    text = repr(prog)
+    plan = plan_memory(prog)
+    assert repr(prog) == text and plan is not prog, "plan_memory changed its input program"
+    assert plan.arena_offsets.keys() == {b.name for b in prog.arena}
+
+
+def test_nodes_are_immutable_and_rewrite_builds_a_new_graph() -> None:
+    x = Node(Op.INPUT, (), TensorType(DType.f32, (4,)), InputAttr("x"))
+    neg = Node(Op.NEG, (x,), x.type)
+    exp = Node(Op.EXP, (neg,), x.type)
+    g = Graph([x, neg, exp], [x], [exp], {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        neg.inputs = ()  # type: ignore[misc]
+    before = print_graph(g)
+    # NEG -> -(ABS): the replacement's new input is placed before it, and EXP is rebuilt over it
+    out = rewrite(g, lambda n, _: Node(Op.NEG, (Node(Op.ABS, n.inputs, n.type),), n.type) if n.op is Op.NEG else None)
+    assert print_graph(g) == before and g.nodes == [x, neg, exp]
+    assert [n.op for n in out.nodes] == [Op.INPUT, Op.ABS, Op.NEG, Op.EXP]
+    assert out.outputs[0] is out.nodes[-1] is not exp and out.nodes[-1].inputs == (out.nodes[2],)
+    assert out.inputs == [x] and out.nodes[0] is x  # untouched nodes are shared, not copied
 
 
 def test_fusion_decisionscheck_golden() -> None:

@@ -1,4 +1,8 @@
-"""Graph passes. Each takes a Graph and returns a new one; PIPELINE lists them once, in order."""
+"""Graph passes. Each takes a Graph and returns a new one, leaving its input unchanged (``rewrite`` does the
+bookkeeping); PIPELINE lists them once, in order.
+
+What it is not: fusion (``fusion.py``, Graph -> Program) or memory planning (``memory.py``, Program -> Plan).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,17 @@ from collections.abc import Callable
 
 from ..ir import Graph
 from .fold import dce, fold_constants, fold_conv_scale
+from .rewrite import rewrite
 
 Pass = Callable[[Graph], Graph]
+
+__all__ = ["PIPELINE", "Pass", "dce", "fold_constants", "fold_conv_scale", "rewrite", "run_pipeline"]
 
 PIPELINE: list[Pass] = [dce, fold_constants, fold_conv_scale, fold_constants]
 
 
 def run_pipeline(g: Graph, check: Callable[[Graph, str], None] | None = None) -> Graph:
+    """Every pass in order; ``check(graph, pass name)`` (the verifier, say) runs after each."""
     for p in PIPELINE:
         g = p(g)
         if check is not None:

@@ -1,6 +1,7 @@
-"""Core ATen -> IR for reductions, softmax/norms and the library ops (matmul, attention, conv, pooling).
+"""Lowering rules for reductions, softmax and norms, and the library ops (matmul, attention, conv, pooling,
+resampling); each registers with ``@lower``.
 
-The second half of the lowering table started in ``lower.py``; each function registers with ``@lower``.
+What it is not: the templates that run library ops; those are chosen by fusion and codegen.
 """
 
 from __future__ import annotations
@@ -10,21 +11,9 @@ from typing import Any
 
 from aotc.errors import UnsupportedOp
 
-from .builder import Builder, broadcast_shapes
-from .ir import (
-    ArangeAttr,
-    AxisAttr,
-    ConvAttr,
-    DType,
-    Node,
-    Op,
-    PoolAttr,
-    ReduceAttr,
-    Shape,
-    as_dim,
-    dims_equal,
-)
-from .lower import Ctx, aten, compute_dtype, lower, norm_axis
+from ..builder import Builder, broadcast_shapes
+from ..ir import ArangeAttr, AxisAttr, ConvAttr, DType, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim, dims_equal
+from .table import Ctx, aten, compute_dtype, lower, norm_axis
 
 # ---- reductions ------------------------------------------------------------------------------------
 
@@ -62,21 +51,21 @@ def mean(b: Builder, x: Node, axes: tuple[int, ...], keepdim: bool, dtype: DType
 
 
 @lower(aten.sum.dim_IntList, aten.sum.default)
-def _sum(c: Ctx, _: Any) -> Node:
+def _sum(c: Ctx) -> Node:
     x = c.arg(0)
     axes = _axes(c.arg(1) if c.target is aten.sum.dim_IntList else None, x.type.rank)
     return reduce(c.b, Op.SUM, x, axes, bool(c.kw("keepdim", 2, False)), c.out_dtype)
 
 
 @lower(aten.mean.dim, aten.mean.default)
-def _mean(c: Ctx, _: Any) -> Node:
+def _mean(c: Ctx) -> Node:
     x = c.arg(0)
     axes = _axes(c.arg(1) if c.target is aten.mean.dim else None, x.type.rank)
     return mean(c.b, x, axes, bool(c.kw("keepdim", 2, False)), c.out_dtype)
 
 
 @lower(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default)
-def _amax(c: Ctx, _: Any) -> Node:
+def _amax(c: Ctx) -> Node:
     x = c.arg(0)
     op = Op.RMAX if c.target in (aten.amax.default, aten.max.default) else Op.RMIN
     axes = _axes(c.arg(1) if c.target in (aten.amax.default, aten.amin.default) else None, x.type.rank)
@@ -84,7 +73,7 @@ def _amax(c: Ctx, _: Any) -> Node:
 
 
 @lower(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.default)
-def _any(c: Ctx, _: Any) -> Node:
+def _any(c: Ctx) -> Node:
     x = c.arg(0)
     is_any = c.target in (aten.any.dim, aten.any.dims, aten.any.default)
     axes = _axes(c.arg(1) if c.target not in (aten.any.default, aten.all.default) else None, x.type.rank)
@@ -94,7 +83,7 @@ def _any(c: Ctx, _: Any) -> Node:
 
 
 @lower(aten.var.correction, aten.var.dim)
-def _var(c: Ctx, _: Any) -> Node:
+def _var(c: Ctx) -> Node:
     x, dt = c.arg(0), c.out_dtype
     axes = _axes(c.arg(1), x.type.rank)
     keep = bool(c.kwarg("keepdim", False))
@@ -107,7 +96,7 @@ def _var(c: Ctx, _: Any) -> Node:
 
 
 @lower(aten.cumsum.default)
-def _cumsum(c: Ctx, _: Any) -> Node:
+def _cumsum(c: Ctx) -> Node:
     x = c.b.cast(c.arg(0), c.out_dtype)
     axis = norm_axis(c.arg(1), x.type.rank)
     return c.b.add(Op.CUMSUM, (x,), x.dtype, x.shape, AxisAttr(axis))
@@ -122,14 +111,14 @@ def softmax(b: Builder, x: Node, axis: int, log: bool = False) -> Node:
 
 
 @lower(aten._softmax.default, aten._log_softmax.default)
-def _softmax(c: Ctx, _: Any) -> Node:
+def _softmax(c: Ctx) -> Node:
     x = c.b.cast(c.arg(0), compute_dtype(c.out_dtype))
     y = softmax(c.b, x, norm_axis(c.arg(1), x.type.rank), c.target is aten._log_softmax.default)
     return c.b.cast(y, c.out_dtype)
 
 
 @lower(aten.native_layer_norm.default)
-def _layer_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
+def _layer_norm(c: Ctx) -> tuple[Node, Node, Node]:
     x, shape, w, bias, eps = c.arg(0), c.arg(1), c.arg(2), c.arg(3), c.arg(4)
     b = c.b
     out_dtype = x.dtype
@@ -148,7 +137,7 @@ def _layer_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
 
 
 @lower(aten.native_group_norm.default)
-def _group_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
+def _group_norm(c: Ctx) -> tuple[Node, Node, Node]:
     """GroupNorm: layer-norm statistics over each group of C/G channels and all positions, then a per-channel
     affine. Returns (out, mean, rstd) with the statistics shaped (N, G), as torch's native op does."""
     x, w, bias, groups, eps = c.arg(0), c.arg(1), c.arg(2), int(c.arg(6)), float(c.arg(7))
@@ -174,7 +163,7 @@ def _group_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
 
 
 @lower(aten._native_batch_norm_legit_no_training.default)
-def _batch_norm(c: Ctx, _: Any) -> tuple[Node, Node, Node]:
+def _batch_norm(c: Ctx) -> tuple[Node, Node, Node]:
     x, w, bias, mean_, var, eps = c.arg(0), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(6)
     b = c.b
     cshape = (1, x.shape[1]) + (1,) * (x.type.rank - 2)
@@ -200,12 +189,12 @@ def matmul(b: Builder, x: Node, y: Node, dtype: DType) -> Node:
 
 
 @lower(aten.mm.default, aten.bmm.default)
-def _mm(c: Ctx, _: Any) -> Node:
+def _mm(c: Ctx) -> Node:
     return matmul(c.b, c.arg(0), c.arg(1), c.out_dtype)
 
 
 @lower(aten.addmm.default)
-def _addmm(c: Ctx, _: Any) -> Node:
+def _addmm(c: Ctx) -> Node:
     bias, x, y = c.arg(0), c.arg(1), c.arg(2)
     beta, alpha = c.kwarg("beta", 1), c.kwarg("alpha", 1)
     out = matmul(c.b, x, y, c.out_dtype)
@@ -217,7 +206,7 @@ def _addmm(c: Ctx, _: Any) -> Node:
 
 
 @lower(aten.scaled_dot_product_attention.default)
-def _sdpa(c: Ctx, _: Any) -> Node:
+def _sdpa(c: Ctx) -> Node:
     q, k, v = c.arg(0), c.arg(1), c.arg(2)
     mask = c.kw("attn_mask", 3)
     causal = bool(c.kw("is_causal", 5, False))
@@ -262,7 +251,7 @@ def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
 
 
 @lower(aten.convolution.default)
-def _conv(c: Ctx, _: Any) -> Node:
+def _conv(c: Ctx) -> Node:
     x, w, bias = c.arg(0), c.arg(1), c.arg(2)
     stride, padding, dilation, transposed, _outpad, groups = (c.arg(i) for i in range(3, 9))
     if transposed:
@@ -286,7 +275,7 @@ def _conv(c: Ctx, _: Any) -> Node:
 
 
 @lower(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
-def _max_pool(c: Ctx, _: Any) -> Any:
+def _max_pool(c: Ctx) -> Any:
     x = c.arg(0)
     kernel = _pair(c.arg(1))
     stride = _pair(c.arg(2) or kernel)
@@ -296,7 +285,7 @@ def _max_pool(c: Ctx, _: Any) -> Any:
 
 
 @lower(aten.avg_pool2d.default)
-def _avg_pool(c: Ctx, _: Any) -> Node:
+def _avg_pool(c: Ctx) -> Node:
     x = c.arg(0)
     kernel = _pair(c.arg(1))
     stride = _pair(c.arg(2) or kernel)
@@ -306,7 +295,7 @@ def _avg_pool(c: Ctx, _: Any) -> Node:
 
 
 @lower(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
-def _adaptive_avg(c: Ctx, _: Any) -> Node:
+def _adaptive_avg(c: Ctx) -> Node:
     x = c.arg(0)
     oh, ow = _pair(c.arg(1))
     h, w = x.shape[2], x.shape[3]
@@ -318,7 +307,7 @@ def _adaptive_avg(c: Ctx, _: Any) -> Node:
 
 
 @lower(aten.linalg_vector_norm.default)
-def _vector_norm(c: Ctx, _: Any) -> Node:
+def _vector_norm(c: Ctx) -> Node:
     """torch.norm / linalg.vector_norm: sum(|x|^p)^(1/p), with the p = 2, 1, inf, -inf and 0 forms exact."""
     x, p = c.arg(0), c.kw("ord", 1, 2)
     axes = _axes(c.kw("dim", 2, None), x.type.rank)
@@ -384,7 +373,7 @@ def _nearest_axis(b: Builder, x: Node, axis: int, size_out: int, step: float) ->
 
 
 @lower(aten.upsample_bilinear2d.vec, aten.upsample_nearest2d.vec)
-def _upsample(c: Ctx, _: Any) -> Node:
+def _upsample(c: Ctx) -> Node:
     """F.interpolate on NCHW, separable: one axis at a time with INDEX_SELECT and (bilinear) a lerp in fp32.
     Needs static input and output H, W (the source positions are fixed per output pixel)."""
     x = c.arg(0)
