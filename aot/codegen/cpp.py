@@ -21,9 +21,11 @@ from .. import kernel as K
 from ..ir import Op
 from ..options import BuildOptions
 from ..symbolic import to_c
-from .cpp_values import ACC_DTYPE, HALF, STORAGE, Kctx, Values, Writer, acc_type, cast, operand_ptr, store_value, vtype
+from .cpp_values import ACC_DTYPE, HALF, STORAGE, Kctx, Values, acc_type, cast, operand_ptr, store_value, vtype
+from .writer import Writer
 
 HEADERS = ("aotc_abi.h", "aotc_cpu.h")
+INDENT = "  "  # one level of generated C++
 
 # ---- kernels ---------------------------------------------------------------------------------------------
 
@@ -84,7 +86,7 @@ class KernelWriter:
         self.prog = prog
         self.k = k
         self.fname = fname
-        self.w = Writer()
+        self.w = Writer(INDENT)
         self.bufs, self.written = kernel_buffers(k)
         dtypes = {b: prog.buffer(b).dtype for b in self.bufs}
         self.ctx = Kctx(k.name, {b: ptrs[b] for b in self.bufs}, numel, dtypes)
@@ -99,20 +101,19 @@ class KernelWriter:
         return out
 
     def write(self) -> str:
-        body = Writer()
+        body = Writer(INDENT, depth=1)
         self.w = body
         self.vals.w = body
-        body.depth = 1
         emit = {
             K.Pointwise: self._pointwise, K.Reduce: self._reduce, K.Matmul: self._matmul,
             K.Conv: self._conv, K.Scan: self._scan,
         }[type(self.k)]  # fmt: skip
         emit()
-        out = Writer()
+        out = Writer(INDENT)
         with out.block(f"static void {self.fname}({', '.join(self.params())})"):
             if self.ctx.checked:
                 out.line("int64_t aotc_bad = 0;  // set by an out-of-range gather index")
-            out.lines += body.lines
+            out.extend(body.lines)
             if self.ctx.checked:
                 bufs = ", ".join(self.ctx.checked)
                 msg = f"kernel {self.k.name}: a gather index is out of range (reading {bufs})"
@@ -263,7 +264,7 @@ class KernelWriter:
     def _offset_fn(self, expr: sympy.Expr | int, sizes: list[str]) -> str:
         if not sizes:
             return f"[](int64_t) -> int64_t {{ return {to_c(expr)}; }}"
-        inner = Writer()
+        inner = Writer(INDENT)
         saved = self.w
         self.w = inner
         self._batch_vars(sizes, "aotc_b")
@@ -283,44 +284,43 @@ class KernelWriter:
         self.ctx.acc_dtype = ACC_DTYPE[at]
         self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
         self.w.line(f"aotc_matmul<{at}>({self._work(sizes)}, aotc_M, aotc_N, aotc_K,")
-        self.w.depth += 2
-        self.w.line(f"{operand_ptr(self.ctx.bufs[a.buf], a.dtype)}, {self._offset_fn(a.offset, sizes)},")
-        self.w.line(f"{to_c(a.strides[0])}, {to_c(a.strides[1])},")
-        self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)}, {self._offset_fn(b.offset, sizes)},")
-        self.w.line(f"{to_c(b.strides[0])}, {to_c(b.strides[1])},")
-        head = (
-            "[&](int64_t aotc_b, int64_t aotc_m0, int64_t aotc_mb, int64_t aotc_n0, int64_t aotc_nb, "
-            f"const {at}* aotc_tile, int64_t aotc_ldt)"
-        )
-        m, n = f"i{nb}", f"i{nb + 1}"
+        with self.w.indent(2):  # the template's arguments continue its call
+            self.w.line(f"{operand_ptr(self.ctx.bufs[a.buf], a.dtype)}, {self._offset_fn(a.offset, sizes)},")
+            self.w.line(f"{to_c(a.strides[0])}, {to_c(a.strides[1])},")
+            self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)}, {self._offset_fn(b.offset, sizes)},")
+            self.w.line(f"{to_c(b.strides[0])}, {to_c(b.strides[1])},")
+            head = (
+                "[&](int64_t aotc_b, int64_t aotc_m0, int64_t aotc_mb, int64_t aotc_n0, int64_t aotc_nb, "
+                f"const {at}* aotc_tile, int64_t aotc_ldt)"
+            )
+            m, n = f"i{nb}", f"i{nb + 1}"
 
-        def tile() -> None:
-            with self.w.block(f"for (int64_t {m} = aotc_m0; {m} < aotc_m0 + aotc_mb; ++{m})"):
-                self.w.line(f"const {at}* aotc_row = aotc_tile + ({m} - aotc_m0) * aotc_ldt;")
-                self.ctx.acc = f"aotc_row[{n} - aotc_n0]"
-                self.w.line(self._omp("simd"))
-                with self.w.block(f"for (int64_t {n} = aotc_n0; {n} < aotc_n0 + aotc_nb; ++{n})"):
-                    self._epilogue()
+            def tile() -> None:
+                with self.w.block(f"for (int64_t {m} = aotc_m0; {m} < aotc_m0 + aotc_mb; ++{m})"):
+                    self.w.line(f"const {at}* aotc_row = aotc_tile + ({m} - aotc_m0) * aotc_ldt;")
+                    self.ctx.acc = f"aotc_row[{n} - aotc_n0]"
+                    self.w.line(self._omp("simd"))
+                    with self.w.block(f"for (int64_t {n} = aotc_n0; {n} < aotc_n0 + aotc_nb; ++{n})"):
+                        self._epilogue()
 
-        with self.w.block(head, "});"):
-            self._batch_vars(sizes, "aotc_b")
-            self._checked_epilogue(tile)
-        self.w.depth -= 2
+            with self.w.block(head, "});"):
+                self._batch_vars(sizes, "aotc_b")
+                self._checked_epilogue(tile)
         if self.ctx.checked:
             self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
 
     def _checked_epilogue(self, emit: Callable[[], None]) -> None:
         """Run ``emit`` (an epilogue inside a template's parallel region); if it gathers, give it a local
         ``aotc_bad`` and pass a failure out through the kernel's ``aotc_bad_epi``."""
-        saved, self.w = self.w, Writer()
-        self.w.depth = saved.depth
+        saved = self.w
+        self.w = Writer(INDENT, saved.depth)
         self.vals.w = self.w
         emit()
         body, self.w = self.w, saved
         self.vals.w = saved
         if self.ctx.checked:
             self.w.line("int64_t aotc_bad = 0;")
-        self.w.lines += body.lines
+        self.w.extend(body.lines)
         if self.ctx.checked:
             with self.w.block("if (aotc_bad)"):
                 self.w.line("__atomic_store_n(&aotc_bad_epi, 1, __ATOMIC_RELAXED);")
@@ -457,7 +457,7 @@ def generate(prog: K.Plan, options: BuildOptions) -> str:
         for k in prog.kernels:
             if b.name in touched[k.name][1]:
                 raise ValueError(f"kernel {k.name} writes {b.kind} {b.name}, which is read-only")
-    w = Writer()
+    w = Writer(INDENT)
     w.line("// Generated by aotc (aot/codegen/cpp.py). Do not edit.")
     headers = [*HEADERS]
     uses = _uses(prog)
@@ -477,7 +477,7 @@ def generate(prog: K.Plan, options: BuildOptions) -> str:
         kw = KernelWriter(prog, k, fname, ptrs, numel)
         text = kw.write()
         bad = _OMP_BAD if kw.ctx.checked else ""
-        w.lines += text.replace("@BAD@", bad).rstrip("\n").split("\n")
+        w.extend(text.replace("@BAD@", bad).rstrip("\n").split("\n"))
         w.line()
     w.line("std::atomic<int> aotc_threads{0};")
     w.line("const int aotc_default_threads = omp_get_max_threads();")

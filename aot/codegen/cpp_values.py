@@ -24,6 +24,7 @@ import sympy
 from .. import kernel as K
 from ..ir import DType, Op
 from ..symbolic import to_c
+from .writer import Writer
 
 # ---- types --------------------------------------------------------------------------------------------
 
@@ -162,33 +163,6 @@ def store_value(x: str, src: DType, dst: DType) -> str:
     if dst is DType.bool:
         return x if src is DType.bool else f"({x} != 0)"
     return x if vtype(src) == STORAGE[dst] else f"static_cast<{STORAGE[dst]}>({x})"
-
-
-# ---- the writer -----------------------------------------------------------------------------------------
-
-
-class Writer:
-    """Lines with indentation; blocks are context managers."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.depth = 0
-
-    def line(self, text: str = "") -> None:
-        self.lines.append(("  " * self.depth + text) if text else "")
-
-    @contextmanager
-    def block(self, head: str, tail: str = "}") -> Iterator[None]:
-        self.line(head + " {")
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            self.line(tail)
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
 
 
 # ---- value trees -> CSE'd temporaries ------------------------------------------------------------------
