@@ -436,10 +436,11 @@ class Fusion:
             store_idx = flat_index(val_idx, root.shape)
         else:
             raise Realize(red, "its result is broadcast into a shape the kernel cannot loop over")
-        value = b.value(root, val_idx)
+        store = K.Store(self.realized[root], store_idx, b.value(root, val_idx))
+        per_row = len(val_idx) > len(vars_)  # the root has the rows' shape: written after the steps, per element
         kern = K.Reduce(
             name, tuple(sympy.sympify(d) for d in outer), tuple(sympy.sympify(d) for d in sizes), tuple(b.steps),
-            (K.Store(self.realized[root], store_idx, value),),
+            () if per_row else (store,), (store,) if per_row else (),
         )  # fmt: skip
         return kern, b.region
 
@@ -491,7 +492,7 @@ class Fusion:
         b.region.add(root)
         return K.Scan(
             name, tuple(sympy.sympify(d) for d in outer), sympy.sympify(root.shape[ax]), body, root.dtype,
-            self.realized[root], flat_index(full, root.shape),
+            (K.Store(self.realized[root], flat_index(full, root.shape), K.Prefix(root.dtype)),),
         ), b.region  # fmt: skip
 
     def duplicable(self, n: Node, budget: int = 6) -> bool:

@@ -161,7 +161,8 @@ def _softmax() -> Case:
         (S0,),
         (37,),
         (K.Reduction(Op.RMAX, x, f32), K.Reduction(Op.SUM, e, f32)),
-        (st("y", i0 * 37 + r0, bn(Op.DIV, e, K.ReduceRef(1, f32))), st("m", i0, K.ReduceRef(0, f32))),
+        (st("m", i0, K.ReduceRef(0, f32)),),
+        (st("y", i0 * 37 + r0, bn(Op.DIV, e, K.ReduceRef(1, f32))),),
     )
     prog = program(
         [buf("x", f32, (S0, 37), "input")],
@@ -189,7 +190,8 @@ def _layernorm() -> Case:
         (S0,),
         (64,),
         (K.Reduction(Op.SUM, x, f32), K.Reduction(Op.SUM, bn(Op.MUL, d, d), f32)),
-        (st("mean", i0, mean), st("y", i0 * 64 + r0, y)),
+        (st("mean", i0, mean),),
+        (st("y", i0 * 64 + r0, y),),
     )
     prog = program(
         [buf("x", f32, (S0, 64), "input")],
@@ -378,8 +380,9 @@ def _convs() -> Case:
 
 
 def _scan() -> Case:
-    k = K.Scan("cumsum", (S0,), 50, ld("x", i0 * 50 + r0), f32, "y", i0 * 50 + r0)
-    ki = K.Scan("cumsum_i", (S0,), 6, un(Op.CAST, ld("n", i0 * 6 + r0, DType.i32), i64), i64, "yi", i0 * 6 + r0)
+    k = K.Scan("cumsum", (S0,), 50, ld("x", i0 * 50 + r0), f32, (st("y", i0 * 50 + r0, K.Prefix(f32)),))
+    xi = un(Op.CAST, ld("n", i0 * 6 + r0, DType.i32), i64)
+    ki = K.Scan("cumsum_i", (S0,), 6, xi, i64, (st("yi", i0 * 6 + r0, K.Prefix(i64)),))
     prog = program(
         [buf("x", f32, (S0, 50), "input"), buf("n", DType.i32, (S0, 6), "input")],
         [buf("y", f32, (S0, 50), "output"), buf("yi", i64, (S0, 6), "output")],
@@ -537,6 +540,7 @@ def _gathers_in_reduce_and_epilogue() -> Case:
         (S0,),
         (16,),
         (K.Reduction(Op.SUM, bn(Op.MUL, e, e), f32),),
+        (),
         (st("n", i0 * 16 + r0, bn(Op.MUL, e, un(Op.RSQRT, K.ReduceRef(0, f32)))),),
     )
     col = K.Load("emb", bn(Op.MUL, K.Load("ids", idx(i1), i64), c(16, i64)), f32)

@@ -191,7 +191,8 @@ class Kctx:
     dtypes: dict[str, DType]  # buffer name -> storage dtype
     acc: str | None = None  # C expression of Acc at the current position
     acc_dtype: DType = DType.f32
-    checked: list[str] = field(default_factory=list)  # buffers gathered with data-dependent indices
+    prefix: str | None = None  # C expression of a Scan's running sum, already in the scan's dtype
+    checked: list[str] = field(default_factory=list)  # gathered buffers, in the order printed (for the error)
 
 
 class Values:
@@ -234,6 +235,9 @@ class Values:
         if isinstance(v, K.Acc):
             assert self.ctx.acc is not None, f"kernel {self.ctx.kernel}: Acc outside a Matmul/Conv"
             return cast(self.ctx.acc, self.ctx.acc_dtype, v.dtype)
+        if isinstance(v, K.Prefix):
+            assert self.ctx.prefix is not None, f"kernel {self.ctx.kernel}: Prefix outside a Scan"
+            return self.ctx.prefix
         for s in reversed(self.scopes):
             if v in s:
                 return s[v]

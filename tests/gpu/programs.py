@@ -143,6 +143,7 @@ def _softmax(name: str, n: sympy.Expr | int, s: list[Symbol], trials: list[dict[
         (S0,),
         (n,),
         (K.Reduction(Op.RMAX, xv, F32), K.Reduction(Op.SUM, ex, F32)),
+        (),
         (K.Store("y", i0 * n + r0, bin_(Op.DIV, ex, K.ReduceRef(1, F32))),),
     )
     prog = program(s, [x], [y], [], [k])
@@ -183,7 +184,8 @@ def layer_norm() -> Case:
         (S0,),
         (n,),
         (K.Reduction(Op.SUM, xv, F32), K.Reduction(Op.SUM, bin_(Op.MUL, d, d), F32)),
-        (K.Store("y", i0 * n + r0, out), K.Store("mu", i0, mean)),
+        (K.Store("mu", i0, mean),),
+        (K.Store("y", i0 * n + r0, out),),
     )
     prog = program([sym()], [x], [y, mu], [g, b], [k])
 
@@ -320,7 +322,7 @@ def conv_grouped() -> Case:
 def _cumsum(name: str, n: sympy.Expr | int, s: list[Symbol], trials: list[dict[str, int]]) -> Case:
     x = buf("x", F32, (S0, n), "input")
     y = buf("y", F32, (S0, n), "output")
-    k = K.Scan(name, (S0,), n, ld("x", i0 * n + r0), F32, "y", i0 * n + r0)
+    k = K.Scan(name, (S0,), n, ld("x", i0 * n + r0), F32, (K.Store("y", i0 * n + r0, K.Prefix(F32)),))
     prog = program(s, [x], [y], [], [k])
     return Case(
         name,

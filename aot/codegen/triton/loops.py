@@ -89,10 +89,6 @@ def _rindex(g: Gen, ranges: tuple[sympy.Expr, ...], start: str | None) -> None:
     g.decompose("rindex", ranges, "r", R)
 
 
-def _mentions_r(expr: sympy.Expr | int) -> bool:
-    return any(str(s).startswith("r") and str(s)[1:].isdigit() for s in sympy.sympify(expr).free_symbols)
-
-
 def reduce(prog: K.Program, k: K.Reduce, index_i64: bool, options: BuildOptions, sm: int) -> TritonKernel:
     del options, sm  # the tiles of loop kernels depend on neither yet
     g = Gen(prog, index_i64, ("XBLOCK", "RBLOCK"))
@@ -107,8 +103,6 @@ def reduce(prog: K.Program, k: K.Reduce, index_i64: bool, options: BuildOptions,
         v = g.cast(v, s.value.dtype, _red_dtype(s.dtype))
         return g.bcast(v, va, XR)
 
-    r_stores = [st for st in k.stores if _mentions_r(st.index)]
-    x_stores = [st for st in k.stores if not _mentions_r(st.index)]
     if single:
         _rindex(g, k.reduce_ranges, None)
         for i, s in enumerate(k.steps):
@@ -116,7 +110,9 @@ def reduce(prog: K.Program, k: K.Reduce, index_i64: bool, options: BuildOptions,
             masked = g.tmp(f"tl.where(xrmask, {v}, {identity(s.op, s.dtype)})", XR)
             g.refs[i] = g.tmp(_finish_reduce(s, masked), X)
         for st in k.stores:
-            g.store(st, "xrmask" if _mentions_r(st.index) else "xmask")
+            g.store(st, "xmask")
+        for st in k.row_stores:
+            g.store(st, "xrmask")
         return g.finish(k.name, g.w, {"XBLOCK": xb, "RBLOCK": rb}, (cdiv(outer, xb), 1, 1), num_warps=warps)
     for i, s in enumerate(k.steps):
         acc = f"acc{i}"
@@ -135,13 +131,13 @@ def reduce(prog: K.Program, k: K.Reduce, index_i64: bool, options: BuildOptions,
             g.w.line(f"{acc} = {combine[s.op]}")
         g.axes[acc] = XR
         g.refs[i] = g.tmp(_finish_reduce(s, acc), X)
-    for st in x_stores:
+    for st in k.stores:
         g.store(st, "xmask")
-    if r_stores:
+    if k.row_stores:
         g.w.line(f"for roffset in range(0, {rn}, RBLOCK):")
         with g.w.indent(), g.scope():
             _rindex(g, k.reduce_ranges, "roffset")
-            for st in r_stores:
+            for st in k.row_stores:
                 g.store(st, "xrmask")
     return g.finish(k.name, g.w, {"XBLOCK": xb, "RBLOCK": rb}, (cdiv(outer, xb), 1, 1), num_warps=warps)
 
@@ -162,7 +158,6 @@ def scan(prog: K.Program, k: K.Scan, index_i64: bool, options: BuildOptions, sm:
     single, xb, rb, warps = _tiles(prog, outer, k.length)
     _outer(g, k.ranges)
     rn, _ = g.index(k.length)
-    store = K.Store(k.store_buf, k.store_index, K.ReduceRef(-1, k.dtype))
     dt = TL[k.dtype]
 
     def body() -> str:
@@ -172,15 +167,17 @@ def scan(prog: K.Program, k: K.Scan, index_i64: bool, options: BuildOptions, sm:
 
     if single:
         _rindex(g, (k.length,), None)
-        g.refs[-1] = g.tmp(f"tl.cumsum({body()}, axis=1)", XR)
-        g.store(store, "xrmask")
+        g.prefix = (g.tmp(f"tl.cumsum({body()}, axis=1)", XR), XR)
+        for st in k.stores:
+            g.store(st, "xrmask")
     else:
         g.w.line(f"carry = tl.zeros([XBLOCK, 1], {dt})")
         g.w.line(f"for roffset in range(0, {rn}, RBLOCK):")
         with g.w.indent(), g.scope():
             _rindex(g, (k.length,), "roffset")
             v = body()
-            g.refs[-1] = g.tmp(f"tl.cumsum({v}, axis=1) + carry", XR)
-            g.store(store, "xrmask")
+            g.prefix = (g.tmp(f"tl.cumsum({v}, axis=1) + carry", XR), XR)
+            for st in k.stores:
+                g.store(st, "xrmask")
             g.w.line(f"carry = carry + tl.sum({v}, axis=1, keep_dims=True)")
     return g.finish(k.name, g.w, {"XBLOCK": xb, "RBLOCK": rb}, (cdiv(outer, xb), 1, 1), num_warps=warps)

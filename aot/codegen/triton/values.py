@@ -159,7 +159,8 @@ class Gen:
     scopes: list[dict[tuple[K.Value, str | None], str]] = field(default_factory=lambda: [{}])
     refs: dict[int, str] = field(default_factory=dict)  # ReduceRef step → variable
     narrow: dict[str, dict[Axes, str]] = field(default_factory=dict)  # a mask → its factor over fewer axes
-    acc: tuple[str, Axes] | None = None
+    acc: tuple[str, Axes] | None = None  # a Matmul/Conv accumulator tile
+    prefix: tuple[str, Axes] | None = None  # a Scan's running sum over the current tile
     ntmp: int = 0
 
     # -- names and shapes
@@ -205,24 +206,32 @@ class Gen:
     # -- index expressions (sympy → grammar → Triton)
 
     def index(self, expr: sympy.Expr | int) -> tuple[str, Axes]:
+        code, axes, _, _ = self._index(expr)
+        return code, axes
+
+    def _index(self, expr: sympy.Expr | int) -> tuple[str, Axes, bool, bool]:
+        """(code, axes, a constant?, mentions a shape symbol?)"""
         size = to_size(expr)
         if isinstance(size, int):
-            return str(size), NO_AXES
+            return str(size), NO_AXES, True, False
         axes: set[str] = set()
+        shaped = False
 
         def name(n: str) -> str:
+            nonlocal shaped
             if n in self.loopvars:
                 code, ax = self.loopvars[n]
                 axes.update(ax)
                 return code
             self.syms.add(n)
+            shaped = True
             return f"ks_{n}"
 
         code = render(
             size, name=name, div="//", ceildiv=lambda a, b: f"(({a} + {b} - 1) // {b})",
             minmax=lambda fn, a, b: f"tl.{'maximum' if fn == 'Max' else 'minimum'}({a}, {b})",
         )  # fmt: skip
-        return code, frozenset(axes)
+        return code, frozenset(axes), False, shaped
 
     def decompose(self, flat: str, ranges: tuple[sympy.Expr, ...], prefix: str, axes: Axes) -> None:
         """Bind ``{prefix}0..`` to the row-major digits of ``flat`` over ``ranges``."""
@@ -253,7 +262,7 @@ class Gen:
                 name = sc[key]
                 return name, self.axes[name]
         code, axes = self._value(v, mask)
-        if isinstance(v, K.Acc | K.ReduceRef) or code in self.loopvars:
+        if isinstance(v, K.Acc | K.ReduceRef | K.Prefix) or code in self.loopvars:
             return code, axes
         name = self.tmp(code, axes)
         self.scopes[-1][key] = name
@@ -263,12 +272,12 @@ class Gen:
         if isinstance(v, K.Const):
             return f"tl.full([], {literal(v.value, v.dtype)}, {TL[v.dtype]})", NO_AXES
         if isinstance(v, K.Index):
-            code, axes = self.index(v.expr)
-            if not axes and code.lstrip("-").isdigit():
+            code, axes, const, shaped = self._index(v.expr)
+            if const:
                 return f"tl.full([], {code}, {TL[v.dtype]})", NO_AXES
             want = "tl.int64" if v.dtype is DType.i64 else TL[v.dtype]
-            if want != self.idx_tl or not axes:
-                code = f"({code}).to({want})" if axes or "ks_" in code else f"tl.full([], {code}, {want})"
+            if want != self.idx_tl or not axes:  # a kernel argument converts; a scalar loop variable is made a tensor
+                code = f"({code}).to({want})" if axes or shaped else f"tl.full([], {code}, {want})"
             return code, axes
         if isinstance(v, K.Load):
             return self._load(v, mask)
@@ -293,6 +302,10 @@ class Gen:
             if self.acc is None:
                 raise CompileError("Acc used outside a Matmul/Conv epilogue")
             return self.acc
+        if isinstance(v, K.Prefix):
+            if self.prefix is None:
+                raise CompileError("Prefix used outside a Scan")
+            return self.prefix
         if isinstance(v, K.ReduceRef):
             if v.step not in self.refs:
                 raise CompileError(f"ReduceRef to step {v.step} before that step is reduced")
