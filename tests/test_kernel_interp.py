@@ -7,8 +7,10 @@ this interpreter and the same numpy references.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ import sympy
 from aotc_build import kernel as K
 from aotc_build.ir import DType, Op, Symbol
 from aotc_build.kernel_interp import eval_index, run_program
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+import programs  # the Triton backend's cases (tests/gpu/programs.py)
 
 S0 = sympy.Symbol("s0", integer=True, positive=True)
 SYMBOLS = [Symbol("s0", "batch", 1, 64)]
@@ -650,6 +655,24 @@ def test_interp_matches_numpy(case: Case, s0: int) -> None:
     assert len(got) == len(want)
     for j, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_close(g, np.asarray(w), case, f"output {j} ({case.prog.outputs[j].name}) at s0={s0}")
+
+
+@pytest.mark.parametrize("name", [c.__name__ for c in programs.CASES])
+def test_interp_matches_numpy_on_gpu_programs(name: str) -> None:
+    """The hand-made Programs the Triton backend is checked on, through the same oracle as the C++ ones."""
+    case = next(f() for f in programs.CASES if f.__name__ == name)
+    for env in case.trials:
+        ins, ws = programs.data(case, env, seed=sum(env.values()))
+        got = run_program(case.prog, list(ins.values()), list(ws.values()), env)
+        want = case.ref(ins, ws)
+        assert sorted(want) == sorted(b.name for b in case.prog.outputs), f"{name}: reference outputs"
+        for b, g in zip(case.prog.outputs, got, strict=True):
+            w = np.asarray(want[b.name])
+            if g.dtype.kind == "f" or g.dtype.itemsize == 2 and g.dtype.kind == "V":
+                g64 = g.astype(np.float32).astype(np.float64)
+                np.testing.assert_allclose(g64, w.astype(np.float64), rtol=case.rtol, atol=case.atol, err_msg=f"{name} {b.name} {env}")
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=f"{name} {b.name} {env}")
 
 
 def test_eval_index_floor_mod() -> None:

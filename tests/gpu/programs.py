@@ -35,6 +35,25 @@ class Case:
     int_inputs: dict[str, int] = field(default_factory=dict)  # input name → exclusive upper bound of values
 
 
+def data(case: Case, env: dict[str, int], seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Inputs and weights for ``case`` at symbol values ``env``: integers below ``int_inputs`` where given,
+    else standard normal values rounded to each buffer's dtype."""
+    from aotc_build.kernel_interp import eval_index
+
+    rng = np.random.default_rng(seed)
+
+    def shape(b: K.Buffer) -> tuple[int, ...]:
+        return tuple(int(eval_index(d, env)) for d in b.shape)
+
+    ins = {}
+    for b in case.prog.inputs:
+        hi = case.int_inputs.get(b.name)
+        a = rng.integers(0, hi, shape(b)) if hi else rng.standard_normal(shape(b))
+        ins[b.name] = a.astype(b.dtype.numpy())
+    ws = {b.name: rng.standard_normal(shape(b)).astype(np.float32).astype(b.dtype.numpy()) for b in case.prog.weights}
+    return ins, ws
+
+
 def sym(name: str = "s0", lo: int = 1, hi: int | None = 64) -> Symbol:
     return Symbol(name, name, lo, hi)
 
