@@ -11,7 +11,7 @@ Operands of Binary share one dtype (IR rule); comparisons give bool; DIV on ints
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Union, cast
 
 import sympy
 
@@ -100,7 +100,14 @@ class ReduceRef:
     dtype: DType
 
 
-Value = Union[Const, Index, Load, Unary, Binary, Where, Masked, Acc, ReduceRef]  # noqa: UP007
+@dataclass(frozen=True)
+class Prefix:
+    """The inclusive prefix sum of the enclosing Scan at the current position, in the scan's dtype."""
+
+    dtype: DType
+
+
+Value = Union[Const, Index, Load, Unary, Binary, Where, Masked, Acc, ReduceRef, Prefix]  # noqa: UP007
 
 
 def children(v: Value) -> tuple[Value, ...]:
@@ -135,6 +142,22 @@ def walk(v: Value) -> list[Value]:
 # ---- kernels ------------------------------------------------------------------------------------
 
 
+class _Facts:
+    """What codegen asks of any kernel, derived from its structure (never from names)."""
+
+    @property
+    def gathers(self) -> tuple[str, ...]:
+        """Buffers read through a data-dependent index (a gather), in first-found order."""
+        roots = values(cast(Kernel, self))
+        found = (v.buf for r in roots for v in walk(r) if isinstance(v, Load) and not isinstance(v.index, Index))
+        return tuple(dict.fromkeys(found))
+
+    @property
+    def has_gather(self) -> bool:
+        """Some index comes from data, so the generated code checks it against the buffer at run time."""
+        return bool(self.gathers)
+
+
 @dataclass(frozen=True)
 class Store:
     """``buf[index] = value``; ``index`` is sympy over the kernel's loop variables."""
@@ -156,7 +179,7 @@ class Strided:
 
 
 @dataclass(frozen=True)
-class Pointwise:
+class Pointwise(_Facts):
     """for i in ranges: stores."""
 
     name: str
@@ -172,21 +195,21 @@ class Reduction:
 
 
 @dataclass(frozen=True)
-class Reduce:
-    """for i in ranges: steps[0..] each reduce over r in reduce_ranges (in order); then stores.
-
-    A store whose index mentions no ``r`` variable runs once per outer position; a store whose index
-    does runs over the whole reduce space after all steps (softmax, layer-norm outputs)."""
+class Reduce(_Facts):
+    """for i in ranges: steps[0..] each reduce over r in reduce_ranges (in order); then ``stores`` once per
+    outer position (over i*), then ``row_stores`` over the whole reduce space (over i*, r*: softmax and
+    layer-norm outputs, which need every step's result before the row is written)."""
 
     name: str
     ranges: tuple[sympy.Expr, ...]
     reduce_ranges: tuple[sympy.Expr, ...]
     steps: tuple[Reduction, ...]
     stores: tuple[Store, ...]
+    row_stores: tuple[Store, ...] = ()
 
 
 @dataclass(frozen=True)
-class Matmul:
+class Matmul(_Facts):
     """C[b..., m, n] = sum_k A[m, k] * B[k, n], then stores over (i0.. batch, i{nb} = m, i{nb+1} = n).
 
     ``a.strides`` = (stride of m, stride of k); ``b.strides`` = (stride of k, stride of n); their offsets
@@ -203,7 +226,7 @@ class Matmul:
 
 
 @dataclass(frozen=True)
-class Conv:
+class Conv(_Facts):
     """2-D convolution, NCHW input ``x`` (strides n, c, h, w) and OIHW weight ``w`` (strides o, i, kh, kw).
     Stores over (i0 = n, i1 = output channel, i2 = oh, i3 = ow) with ``Acc``."""
 
@@ -225,16 +248,16 @@ class Conv:
 
 
 @dataclass(frozen=True)
-class Scan:
-    """Inclusive prefix sum along r0: for i in ranges: acc = 0; for r0 in length: acc += value; store."""
+class Scan(_Facts):
+    """Inclusive prefix sum along r0: for i in ranges: acc = 0; for r0 in length: acc += value; stores.
+    The stores run at every (i*, r0) and read the running sum as ``Prefix``."""
 
     name: str
     ranges: tuple[sympy.Expr, ...]
     length: sympy.Expr
     value: Value  # over i*, r0
     dtype: DType
-    store_buf: str
-    store_index: sympy.Expr  # over i*, r0
+    stores: tuple[Store, ...]
 
 
 Kernel = Union[Pointwise, Reduce, Matmul, Conv, Scan]  # noqa: UP007
@@ -294,12 +317,17 @@ class Plan(Program):
 
 def values(k: Kernel) -> list[Value]:
     """The root value trees of a kernel (stores, reduction steps, scan body)."""
+    out = [s.value for s in stores(k)]
     if isinstance(k, Scan):
-        return [k.value]
-    out = [s.value for s in k.stores]
+        out.append(k.value)
     if isinstance(k, Reduce):
         out += [s.value for s in k.steps]
     return out
+
+
+def stores(k: Kernel) -> tuple[Store, ...]:
+    """Every store of a kernel (a Reduce's row stores first)."""
+    return (*k.row_stores, *k.stores) if isinstance(k, Reduce) else k.stores
 
 
 def reads(k: Kernel) -> set[str]:
@@ -313,6 +341,4 @@ def reads(k: Kernel) -> set[str]:
 
 
 def writes(k: Kernel) -> set[str]:
-    if isinstance(k, Scan):
-        return {k.store_buf}
-    return {s.buf for s in k.stores}
+    return {s.buf for s in stores(k)}

@@ -129,6 +129,7 @@ class _Ctx:
     env: Env
     bufs: dict[str, Array]
     acc: Array | None = None
+    prefix: Array | None = None  # a Scan's running sum
     refs: dict[int, Array] = field(default_factory=dict)
     memo: dict[tuple[K.Value, bool], Array] = field(default_factory=dict)
 
@@ -187,6 +188,9 @@ def _evaluate(v: K.Value, ctx: _Ctx, masked: bool) -> Array:
         return ctx.acc.astype(cdt, copy=False)
     if isinstance(v, K.ReduceRef):
         return ctx.refs[v.step].astype(cdt, copy=False)
+    if isinstance(v, K.Prefix):
+        assert ctx.prefix is not None, f"kernel {ctx.kernel}: Prefix outside a Scan"
+        return ctx.prefix.astype(cdt, copy=False)
     raise TypeError(f"unknown value node {v!r}")
 
 
@@ -235,11 +239,10 @@ def _reduce(k: K.Reduce, bufs: dict[str, Array], syms: Mapping[str, int]) -> Non
     for j, step in enumerate(k.steps):
         val = np.broadcast_to(evaluate(step.value, ctx), full)
         ctx.refs[j] = _reduction(step, val, axes)
-    r_syms = {f"r{j}" for j in range(len(inner))}
-    outer_shape = tuple(outer + [1] * len(inner))
     for st in k.stores:
-        uses_r = bool({s.name for s in sympy.sympify(st.index).free_symbols} & r_syms)
-        _store(ctx, st, full if uses_r else outer_shape)
+        _store(ctx, st, tuple(outer + [1] * len(inner)))
+    for st in k.row_stores:
+        _store(ctx, st, full)
 
 
 def _reduction(step: K.Reduction, val: Array, axes: tuple[int, ...]) -> Array:
@@ -327,11 +330,9 @@ def _scan(k: K.Scan, bufs: dict[str, Array], syms: Mapping[str, int]) -> None:
     val = np.broadcast_to(evaluate(k.value, ctx), full)
     acc_dt = np.float64 if k.dtype.is_float else np.int64
     out = np.cumsum(val, axis=-1, dtype=acc_dt).astype(compute_dtype(k.dtype))
-    if k.dtype in _HALF:
-        out = _round_half(out, k.dtype)
-    buf = bufs[k.store_buf]
-    idx = np.broadcast_to(np.asarray(eval_index(k.store_index, ctx.env), dtype=np.int64), full).ravel()
-    buf[idx] = _to_storage(out.ravel(), buf.dtype)
+    ctx.prefix = _round_half(out, k.dtype) if k.dtype in _HALF else out
+    for st in k.stores:
+        _store(ctx, st, full)
 
 
 _KERNELS: dict[type, Callable[..., None]] = {

@@ -7,8 +7,10 @@ this interpreter and the same numpy references.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ import sympy
 from aotc_build import kernel as K
 from aotc_build.ir import DType, Op, Symbol
 from aotc_build.kernel_interp import eval_index, run_program
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+import programs  # the Triton backend's cases (tests/gpu/programs.py)
 
 S0 = sympy.Symbol("s0", integer=True, positive=True)
 SYMBOLS = [Symbol("s0", "batch", 1, 64)]
@@ -161,7 +166,8 @@ def _softmax() -> Case:
         (S0,),
         (37,),
         (K.Reduction(Op.RMAX, x, f32), K.Reduction(Op.SUM, e, f32)),
-        (st("y", i0 * 37 + r0, bn(Op.DIV, e, K.ReduceRef(1, f32))), st("m", i0, K.ReduceRef(0, f32))),
+        (st("m", i0, K.ReduceRef(0, f32)),),
+        (st("y", i0 * 37 + r0, bn(Op.DIV, e, K.ReduceRef(1, f32))),),
     )
     prog = program(
         [buf("x", f32, (S0, 37), "input")],
@@ -189,7 +195,8 @@ def _layernorm() -> Case:
         (S0,),
         (64,),
         (K.Reduction(Op.SUM, x, f32), K.Reduction(Op.SUM, bn(Op.MUL, d, d), f32)),
-        (st("mean", i0, mean), st("y", i0 * 64 + r0, y)),
+        (st("mean", i0, mean),),
+        (st("y", i0 * 64 + r0, y),),
     )
     prog = program(
         [buf("x", f32, (S0, 64), "input")],
@@ -378,8 +385,9 @@ def _convs() -> Case:
 
 
 def _scan() -> Case:
-    k = K.Scan("cumsum", (S0,), 50, ld("x", i0 * 50 + r0), f32, "y", i0 * 50 + r0)
-    ki = K.Scan("cumsum_i", (S0,), 6, un(Op.CAST, ld("n", i0 * 6 + r0, DType.i32), i64), i64, "yi", i0 * 6 + r0)
+    k = K.Scan("cumsum", (S0,), 50, ld("x", i0 * 50 + r0), f32, (st("y", i0 * 50 + r0, K.Prefix(f32)),))
+    xi = un(Op.CAST, ld("n", i0 * 6 + r0, DType.i32), i64)
+    ki = K.Scan("cumsum_i", (S0,), 6, xi, i64, (st("yi", i0 * 6 + r0, K.Prefix(i64)),))
     prog = program(
         [buf("x", f32, (S0, 50), "input"), buf("n", DType.i32, (S0, 6), "input")],
         [buf("y", f32, (S0, 50), "output"), buf("yi", i64, (S0, 6), "output")],
@@ -537,6 +545,7 @@ def _gathers_in_reduce_and_epilogue() -> Case:
         (S0,),
         (16,),
         (K.Reduction(Op.SUM, bn(Op.MUL, e, e), f32),),
+        (),
         (st("n", i0 * 16 + r0, bn(Op.MUL, e, un(Op.RSQRT, K.ReduceRef(0, f32)))),),
     )
     col = K.Load("emb", bn(Op.MUL, K.Load("ids", idx(i1), i64), c(16, i64)), f32)
@@ -646,6 +655,24 @@ def test_interp_matches_numpy(case: Case, s0: int) -> None:
     assert len(got) == len(want)
     for j, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_close(g, np.asarray(w), case, f"output {j} ({case.prog.outputs[j].name}) at s0={s0}")
+
+
+@pytest.mark.parametrize("name", [c.__name__ for c in programs.CASES])
+def test_interp_matches_numpy_on_gpu_programs(name: str) -> None:
+    """The hand-made Programs the Triton backend is checked on, through the same oracle as the C++ ones."""
+    case = next(f() for f in programs.CASES if f.__name__ == name)
+    for env in case.trials:
+        ins, ws = programs.data(case, env, seed=sum(env.values()))
+        got = run_program(case.prog, list(ins.values()), list(ws.values()), env)
+        want = case.ref(ins, ws)
+        assert sorted(want) == sorted(b.name for b in case.prog.outputs), f"{name}: reference outputs"
+        for b, g in zip(case.prog.outputs, got, strict=True):
+            w = np.asarray(want[b.name])
+            if g.dtype.kind == "f" or g.dtype.itemsize == 2 and g.dtype.kind == "V":
+                g64 = g.astype(np.float32).astype(np.float64)
+                np.testing.assert_allclose(g64, w.astype(np.float64), rtol=case.rtol, atol=case.atol, err_msg=f"{name} {b.name} {env}")
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=f"{name} {b.name} {env}")
 
 
 def test_eval_index_floor_mod() -> None:

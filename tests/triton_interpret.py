@@ -74,18 +74,12 @@ def tensor(a: np.ndarray) -> torch.Tensor:
 def run(case: programs.Case, tmp: Path) -> dict[str, Any]:
     prog = case.prog
     env = dict(case.trials[-1])
-    rng = np.random.default_rng(0)
 
     def shape(b: Any) -> tuple[int, ...]:
         return tuple(int(kernel_interp._int(d, env)) for d in b.shape)
 
-    host: dict[str, np.ndarray] = {}
-    for b in prog.inputs:
-        hi = case.int_inputs.get(b.name)
-        a = rng.integers(0, hi, shape(b)) if hi else rng.standard_normal(shape(b))
-        host[b.name] = a.astype(b.dtype.numpy())
-    for b in prog.weights:
-        host[b.name] = rng.standard_normal(shape(b)).astype(np.float32).astype(b.dtype.numpy())
+    ins, ws = programs.data(case, env)
+    host: dict[str, np.ndarray] = {**ins, **ws}
     bufs = {k: tensor(v) for k, v in host.items()}
     for b in (*prog.outputs, *prog.arena):
         bufs[b.name] = tensor(np.full(shape(b), np.nan if b.dtype.is_float else 7).astype(b.dtype.numpy()))

@@ -21,9 +21,11 @@ from .. import kernel as K
 from ..ir import Op
 from ..options import BuildOptions
 from ..symbolic import to_c
-from .cpp_values import ACC_DTYPE, HALF, STORAGE, Kctx, Values, Writer, acc_type, cast, operand_ptr, store_value, vtype
+from .cpp_values import ACC_DTYPE, HALF, STORAGE, Kctx, Values, acc_type, cast, operand_ptr, vtype
+from .writer import Writer
 
 HEADERS = ("aotc_abi.h", "aotc_cpu.h")
+INDENT = "  "  # one level of generated C++
 
 # ---- kernels ---------------------------------------------------------------------------------------------
 
@@ -65,16 +67,11 @@ def kernel_buffers(k: K.Kernel) -> tuple[list[str], set[str]]:
             reads += _loads(step.value)
     if isinstance(k, K.Scan):
         reads += _loads(k.value)
-        writes.append(k.store_buf)
-    else:
-        for st in k.stores:
-            reads += _loads(st.value)
-            writes.append(st.buf)
+    for st in K.stores(k):
+        reads += _loads(st.value)
+        writes.append(st.buf)
     order = list(dict.fromkeys(reads + writes))
     return order, set(writes)
-
-
-_OMP_BAD = " reduction(|:aotc_bad)"
 
 
 class KernelWriter:
@@ -84,7 +81,7 @@ class KernelWriter:
         self.prog = prog
         self.k = k
         self.fname = fname
-        self.w = Writer()
+        self.w = Writer(INDENT)
         self.bufs, self.written = kernel_buffers(k)
         dtypes = {b: prog.buffer(b).dtype for b in self.bufs}
         self.ctx = Kctx(k.name, {b: ptrs[b] for b in self.bufs}, numel, dtypes)
@@ -99,21 +96,20 @@ class KernelWriter:
         return out
 
     def write(self) -> str:
-        body = Writer()
+        body = Writer(INDENT, depth=1)
         self.w = body
         self.vals.w = body
-        body.depth = 1
         emit = {
             K.Pointwise: self._pointwise, K.Reduce: self._reduce, K.Matmul: self._matmul,
             K.Conv: self._conv, K.Scan: self._scan,
         }[type(self.k)]  # fmt: skip
         emit()
-        out = Writer()
+        out = Writer(INDENT)
         with out.block(f"static void {self.fname}({', '.join(self.params())})"):
-            if self.ctx.checked:
+            if self.k.has_gather:
                 out.line("int64_t aotc_bad = 0;  // set by an out-of-range gather index")
-            out.lines += body.lines
-            if self.ctx.checked:
+            out.extend(body.lines)
+            if self.k.has_gather:
                 bufs = ", ".join(self.ctx.checked)
                 msg = f"kernel {self.k.name}: a gather index is out of range (reading {bufs})"
                 with out.block("if (aotc_bad)"):
@@ -121,9 +117,8 @@ class KernelWriter:
         return out.text()
 
     def _omp(self, text: str) -> str:
-        """An OpenMP pragma line; the gather-check reduction is added when the kernel has gathers.
-        (Printed as a placeholder: whether there are gathers is known only after the body.)"""
-        return f"#pragma omp {text}@BAD@"
+        """An OpenMP pragma line; in a kernel that gathers, every loop also ORs its threads' ``aotc_bad``."""
+        return f"#pragma omp {text}{' reduction(|:aotc_bad)' if self.k.has_gather else ''}"
 
     def _parallel_for(self, collapse: int, work: str) -> str:
         """The pragma over a kernel's outer loops. ``guided``: big chunks first, then small ones, so a thread
@@ -196,9 +191,7 @@ class KernelWriter:
         assert isinstance(k, K.Reduce)
         sizes = self._sizes("n", k.ranges)
         rsizes = self._sizes("m", k.reduce_ranges)
-        rnames = {f"r{j}" for j in range(len(rsizes))}
-        row = [st for st in k.stores if {s.name for s in sympy.sympify(st.index).free_symbols} & rnames]
-        outer_st = [st for st in k.stores if st not in row]
+        row, outer_st = k.row_stores, k.stores
         work = self._work(sizes + rsizes)
         with ExitStack() as stack:
             self._outer(stack, sizes, work)
@@ -263,7 +256,7 @@ class KernelWriter:
     def _offset_fn(self, expr: sympy.Expr | int, sizes: list[str]) -> str:
         if not sizes:
             return f"[](int64_t) -> int64_t {{ return {to_c(expr)}; }}"
-        inner = Writer()
+        inner = Writer(INDENT)
         saved = self.w
         self.w = inner
         self._batch_vars(sizes, "aotc_b")
@@ -283,45 +276,44 @@ class KernelWriter:
         self.ctx.acc_dtype = ACC_DTYPE[at]
         self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
         self.w.line(f"aotc_matmul<{at}>({self._work(sizes)}, aotc_M, aotc_N, aotc_K,")
-        self.w.depth += 2
-        self.w.line(f"{operand_ptr(self.ctx.bufs[a.buf], a.dtype)}, {self._offset_fn(a.offset, sizes)},")
-        self.w.line(f"{to_c(a.strides[0])}, {to_c(a.strides[1])},")
-        self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)}, {self._offset_fn(b.offset, sizes)},")
-        self.w.line(f"{to_c(b.strides[0])}, {to_c(b.strides[1])},")
-        head = (
-            "[&](int64_t aotc_b, int64_t aotc_m0, int64_t aotc_mb, int64_t aotc_n0, int64_t aotc_nb, "
-            f"const {at}* aotc_tile, int64_t aotc_ldt)"
-        )
-        m, n = f"i{nb}", f"i{nb + 1}"
+        with self.w.indent(2):  # the template's arguments continue its call
+            self.w.line(f"{operand_ptr(self.ctx.bufs[a.buf], a.dtype)}, {self._offset_fn(a.offset, sizes)},")
+            self.w.line(f"{to_c(a.strides[0])}, {to_c(a.strides[1])},")
+            self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)}, {self._offset_fn(b.offset, sizes)},")
+            self.w.line(f"{to_c(b.strides[0])}, {to_c(b.strides[1])},")
+            head = (
+                "[&](int64_t aotc_b, int64_t aotc_m0, int64_t aotc_mb, int64_t aotc_n0, int64_t aotc_nb, "
+                f"const {at}* aotc_tile, int64_t aotc_ldt)"
+            )
+            m, n = f"i{nb}", f"i{nb + 1}"
 
-        def tile() -> None:
-            with self.w.block(f"for (int64_t {m} = aotc_m0; {m} < aotc_m0 + aotc_mb; ++{m})"):
-                self.w.line(f"const {at}* aotc_row = aotc_tile + ({m} - aotc_m0) * aotc_ldt;")
-                self.ctx.acc = f"aotc_row[{n} - aotc_n0]"
-                self.w.line(self._omp("simd"))
-                with self.w.block(f"for (int64_t {n} = aotc_n0; {n} < aotc_n0 + aotc_nb; ++{n})"):
-                    self._epilogue()
+            def tile() -> None:
+                with self.w.block(f"for (int64_t {m} = aotc_m0; {m} < aotc_m0 + aotc_mb; ++{m})"):
+                    self.w.line(f"const {at}* aotc_row = aotc_tile + ({m} - aotc_m0) * aotc_ldt;")
+                    self.ctx.acc = f"aotc_row[{n} - aotc_n0]"
+                    self.w.line(self._omp("simd"))
+                    with self.w.block(f"for (int64_t {n} = aotc_n0; {n} < aotc_n0 + aotc_nb; ++{n})"):
+                        self._epilogue()
 
-        with self.w.block(head, "});"):
-            self._batch_vars(sizes, "aotc_b")
-            self._checked_epilogue(tile)
-        self.w.depth -= 2
-        if self.ctx.checked:
+            with self.w.block(head, "});"):
+                self._batch_vars(sizes, "aotc_b")
+                self._checked_epilogue(tile)
+        if self.k.has_gather:
             self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
 
     def _checked_epilogue(self, emit: Callable[[], None]) -> None:
         """Run ``emit`` (an epilogue inside a template's parallel region); if it gathers, give it a local
         ``aotc_bad`` and pass a failure out through the kernel's ``aotc_bad_epi``."""
-        saved, self.w = self.w, Writer()
-        self.w.depth = saved.depth
+        saved = self.w
+        self.w = Writer(INDENT, saved.depth)
         self.vals.w = self.w
         emit()
         body, self.w = self.w, saved
         self.vals.w = saved
-        if self.ctx.checked:
+        if self.k.has_gather:
             self.w.line("int64_t aotc_bad = 0;")
-        self.w.lines += body.lines
-        if self.ctx.checked:
+        self.w.extend(body.lines)
+        if self.k.has_gather:
             with self.w.block("if (aotc_bad)"):
                 self.w.line("__atomic_store_n(&aotc_bad_epi, 1, __ATOMIC_RELAXED);")
 
@@ -383,7 +375,7 @@ class KernelWriter:
         with self.w.block(head, "});"):
             self.w.line("const int64_t aotc_ow = aotc_s.OW;")
             self._checked_epilogue(tile)
-        if self.ctx.checked:
+        if self.k.has_gather:
             self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
 
     # -- scan --
@@ -399,13 +391,12 @@ class KernelWriter:
             self._outer(stack, sizes, work)
             self.w.line(f"{at} aotc_acc = 0;")
             stack.enter_context(self._for("r0", "aotc_len"))
-            stack.enter_context(self.vals.scope([k.value]))
+            stack.enter_context(self.vals.scope([k.value, *(st.value for st in k.stores)]))
             x = self.vals.expr(k.value)
             self.w.line(f"aotc_acc += static_cast<{at}>({x});")
-            total = f"static_cast<{vtype(k.dtype)}>(aotc_acc)"
-            dst = self.prog.buffer(k.store_buf).dtype
-            ptr = self.ctx.bufs[k.store_buf]
-            self.w.line(f"{ptr}[{to_c(k.store_index)}] = {store_value(total, k.dtype, dst)};")
+            self.ctx.prefix = f"static_cast<{vtype(k.dtype)}>(aotc_acc)"
+            for st in k.stores:
+                self.vals.store(st)
 
 
 # ---- the translation unit --------------------------------------------------------------------------------
@@ -457,7 +448,7 @@ def generate(prog: K.Plan, options: BuildOptions) -> str:
         for k in prog.kernels:
             if b.name in touched[k.name][1]:
                 raise ValueError(f"kernel {k.name} writes {b.kind} {b.name}, which is read-only")
-    w = Writer()
+    w = Writer(INDENT)
     w.line("// Generated by aotc (aot/codegen/cpp.py). Do not edit.")
     headers = [*HEADERS]
     uses = _uses(prog)
@@ -474,10 +465,7 @@ def generate(prog: K.Plan, options: BuildOptions) -> str:
     w.line("namespace {")
     w.line()
     for k, fname in zip(prog.kernels, names, strict=True):
-        kw = KernelWriter(prog, k, fname, ptrs, numel)
-        text = kw.write()
-        bad = _OMP_BAD if kw.ctx.checked else ""
-        w.lines += text.replace("@BAD@", bad).rstrip("\n").split("\n")
+        w.extend(KernelWriter(prog, k, fname, ptrs, numel).write().rstrip("\n").split("\n"))
         w.line()
     w.line("std::atomic<int> aotc_threads{0};")
     w.line("const int aotc_default_threads = omp_get_max_threads();")

@@ -24,6 +24,7 @@ import sympy
 from .. import kernel as K
 from ..ir import DType, Op
 from ..symbolic import to_c
+from .writer import Writer
 
 # ---- types --------------------------------------------------------------------------------------------
 
@@ -164,33 +165,6 @@ def store_value(x: str, src: DType, dst: DType) -> str:
     return x if vtype(src) == STORAGE[dst] else f"static_cast<{STORAGE[dst]}>({x})"
 
 
-# ---- the writer -----------------------------------------------------------------------------------------
-
-
-class Writer:
-    """Lines with indentation; blocks are context managers."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.depth = 0
-
-    def line(self, text: str = "") -> None:
-        self.lines.append(("  " * self.depth + text) if text else "")
-
-    @contextmanager
-    def block(self, head: str, tail: str = "}") -> Iterator[None]:
-        self.line(head + " {")
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            self.line(tail)
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 # ---- value trees -> CSE'd temporaries ------------------------------------------------------------------
 
 
@@ -217,7 +191,8 @@ class Kctx:
     dtypes: dict[str, DType]  # buffer name -> storage dtype
     acc: str | None = None  # C expression of Acc at the current position
     acc_dtype: DType = DType.f32
-    checked: list[str] = field(default_factory=list)  # buffers gathered with data-dependent indices
+    prefix: str | None = None  # C expression of a Scan's running sum, already in the scan's dtype
+    checked: list[str] = field(default_factory=list)  # gathered buffers, in the order printed (for the error)
 
 
 class Values:
@@ -260,6 +235,9 @@ class Values:
         if isinstance(v, K.Acc):
             assert self.ctx.acc is not None, f"kernel {self.ctx.kernel}: Acc outside a Matmul/Conv"
             return cast(self.ctx.acc, self.ctx.acc_dtype, v.dtype)
+        if isinstance(v, K.Prefix):
+            assert self.ctx.prefix is not None, f"kernel {self.ctx.kernel}: Prefix outside a Scan"
+            return self.ctx.prefix
         for s in reversed(self.scopes):
             if v in s:
                 return s[v]

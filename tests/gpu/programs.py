@@ -35,6 +35,25 @@ class Case:
     int_inputs: dict[str, int] = field(default_factory=dict)  # input name → exclusive upper bound of values
 
 
+def data(case: Case, env: dict[str, int], seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Inputs and weights for ``case`` at symbol values ``env``: integers below ``int_inputs`` where given,
+    else standard normal values rounded to each buffer's dtype."""
+    from aotc_build.kernel_interp import eval_index
+
+    rng = np.random.default_rng(seed)
+
+    def shape(b: K.Buffer) -> tuple[int, ...]:
+        return tuple(int(eval_index(d, env)) for d in b.shape)
+
+    ins = {}
+    for b in case.prog.inputs:
+        hi = case.int_inputs.get(b.name)
+        a = rng.integers(0, hi, shape(b)) if hi else rng.standard_normal(shape(b))
+        ins[b.name] = a.astype(b.dtype.numpy())
+    ws = {b.name: rng.standard_normal(shape(b)).astype(np.float32).astype(b.dtype.numpy()) for b in case.prog.weights}
+    return ins, ws
+
+
 def sym(name: str = "s0", lo: int = 1, hi: int | None = 64) -> Symbol:
     return Symbol(name, name, lo, hi)
 
@@ -143,6 +162,7 @@ def _softmax(name: str, n: sympy.Expr | int, s: list[Symbol], trials: list[dict[
         (S0,),
         (n,),
         (K.Reduction(Op.RMAX, xv, F32), K.Reduction(Op.SUM, ex, F32)),
+        (),
         (K.Store("y", i0 * n + r0, bin_(Op.DIV, ex, K.ReduceRef(1, F32))),),
     )
     prog = program(s, [x], [y], [], [k])
@@ -183,7 +203,8 @@ def layer_norm() -> Case:
         (S0,),
         (n,),
         (K.Reduction(Op.SUM, xv, F32), K.Reduction(Op.SUM, bin_(Op.MUL, d, d), F32)),
-        (K.Store("y", i0 * n + r0, out), K.Store("mu", i0, mean)),
+        (K.Store("mu", i0, mean),),
+        (K.Store("y", i0 * n + r0, out),),
     )
     prog = program([sym()], [x], [y, mu], [g, b], [k])
 
@@ -320,7 +341,7 @@ def conv_grouped() -> Case:
 def _cumsum(name: str, n: sympy.Expr | int, s: list[Symbol], trials: list[dict[str, int]]) -> Case:
     x = buf("x", F32, (S0, n), "input")
     y = buf("y", F32, (S0, n), "output")
-    k = K.Scan(name, (S0,), n, ld("x", i0 * n + r0), F32, "y", i0 * n + r0)
+    k = K.Scan(name, (S0,), n, ld("x", i0 * n + r0), F32, (K.Store("y", i0 * n + r0, K.Prefix(F32)),))
     prog = program(s, [x], [y], [], [k])
     return Case(
         name,

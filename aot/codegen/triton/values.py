@@ -1,11 +1,8 @@
-"""Loop-level kernels (``kernel.py``) → Triton source, one ``@triton.jit`` function per kernel.
+"""Triton spelling of kernel values: types, the op table, and ``Gen``, which prints one kernel's value trees,
+loads and stores as CSE'd temporaries and assembles the ``@triton.jit`` module.
 
-What it is: a printer. Each kernel becomes a module text whose function takes buffer pointers and the shape
-symbols it needs as arguments, so one cubin serves every symbol value; the launch grid is a size expression
-in the package grammar. Pointwise kernels use flat 1-D blocks over the output space; Reduce and Scan use
-[XBLOCK, RBLOCK] tiles (single pass in registers when the reduce length is bounded, else a loop per step);
-Matmul and Conv are ``tl.dot`` templates (``triton_templates.py``) whose epilogue is the kernel's stores.
-What it is not: a compiler driver. ``cubin.py`` turns the text into cubins and the manifest's CUDA target.
+What it is: the floor every Triton kernel writer stands on (loops.py and templates/ print through ``Gen``).
+What it is not: a loop writer. Tiles, grids and loop structure are chosen by loops.py and the templates.
 
 Note: every generated expression carries the set of tile axes it varies over ("x", "r"). Loads and stores
 broadcast their offsets to the union of the offset's and the mask's axes, so a mask never has a larger shape
@@ -23,10 +20,10 @@ import sympy
 from aotc.errors import CompileError
 from aotc.shapes import Size, render
 
-from .. import kernel as K
-from ..ir import DType, Family, Op
-from ..options import BuildOptions
-from ..symbolic import to_size
+from ... import kernel as K
+from ...ir import DType, Family, Op
+from ...symbolic import to_size
+from ..writer import Writer
 
 Axes = frozenset[str]
 NO_AXES: Axes = frozenset()
@@ -44,8 +41,6 @@ SIG = {
     DType.i32: "i32", DType.i16: "i16", DType.i8: "i8", DType.u8: "u8", DType.bool: "i1",
 }  # fmt: skip
 
-SINGLE_PASS_MAX = 4096  # longest reduce/scan kept whole in registers
-LOOP_RBLOCK = 1024
 HEADER = "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n"
 
 
@@ -98,7 +93,6 @@ INT_BINARY: dict[Op, Callable[[str, str], str]] = {
 }
 # Ops computed in fp32 when their operands are fp16/bf16, rounded once to the result type (as numpy does).
 UPCAST = Family.FLOAT_ONLY | {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MOD, Op.FLOOR}
-REDUCE_FN = {Op.SUM: "tl.sum", Op.RMAX: "tl.max", Op.RMIN: "tl.min"}
 
 
 def literal(value: float | int | bool, dtype: DType) -> str:
@@ -113,18 +107,6 @@ def literal(value: float | int | bool, dtype: DType) -> str:
             return 'float("inf")' if v > 0 else 'float("-inf")'
         return repr(v)
     return str(int(value))
-
-
-def identity(op: Op, dtype: DType) -> str:
-    if op is Op.SUM:
-        return literal(0, dtype)
-    big = {DType.i64: 2**63 - 1, DType.i32: 2**31 - 1, DType.i16: 2**15 - 1, DType.i8: 127, DType.u8: 255}
-    if dtype.is_float:
-        return literal(-math.inf if op is Op.RMAX else math.inf, dtype)
-    if dtype is DType.bool:
-        return "0" if op is Op.RMAX else "1"
-    lo = 0 if dtype is DType.u8 else -big[dtype] - 1
-    return str(lo if op is Op.RMAX else big[dtype])
 
 
 def next_pow2(n: int) -> int:
@@ -159,28 +141,6 @@ class TritonKernel:
         return sig
 
 
-class Writer:
-    """Lines with an indent level: the structure of generated code comes from here, not from f-strings."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.level = 0
-
-    def line(self, text: str = "") -> None:
-        self.lines.append("    " * self.level + text if text else "")
-
-    @contextmanager
-    def indent(self) -> Iterator[None]:
-        self.level += 1
-        try:
-            yield
-        finally:
-            self.level -= 1
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 # ---- the per-kernel generator ------------------------------------------------------------------------
 
 
@@ -199,7 +159,8 @@ class Gen:
     scopes: list[dict[tuple[K.Value, str | None], str]] = field(default_factory=lambda: [{}])
     refs: dict[int, str] = field(default_factory=dict)  # ReduceRef step → variable
     narrow: dict[str, dict[Axes, str]] = field(default_factory=dict)  # a mask → its factor over fewer axes
-    acc: tuple[str, Axes] | None = None
+    acc: tuple[str, Axes] | None = None  # a Matmul/Conv accumulator tile
+    prefix: tuple[str, Axes] | None = None  # a Scan's running sum over the current tile
     ntmp: int = 0
 
     # -- names and shapes
@@ -245,24 +206,32 @@ class Gen:
     # -- index expressions (sympy → grammar → Triton)
 
     def index(self, expr: sympy.Expr | int) -> tuple[str, Axes]:
+        code, axes, _, _ = self._index(expr)
+        return code, axes
+
+    def _index(self, expr: sympy.Expr | int) -> tuple[str, Axes, bool, bool]:
+        """(code, axes, a constant?, mentions a shape symbol?)"""
         size = to_size(expr)
         if isinstance(size, int):
-            return str(size), NO_AXES
+            return str(size), NO_AXES, True, False
         axes: set[str] = set()
+        shaped = False
 
         def name(n: str) -> str:
+            nonlocal shaped
             if n in self.loopvars:
                 code, ax = self.loopvars[n]
                 axes.update(ax)
                 return code
             self.syms.add(n)
+            shaped = True
             return f"ks_{n}"
 
         code = render(
             size, name=name, div="//", ceildiv=lambda a, b: f"(({a} + {b} - 1) // {b})",
             minmax=lambda fn, a, b: f"tl.{'maximum' if fn == 'Max' else 'minimum'}({a}, {b})",
         )  # fmt: skip
-        return code, frozenset(axes)
+        return code, frozenset(axes), False, shaped
 
     def decompose(self, flat: str, ranges: tuple[sympy.Expr, ...], prefix: str, axes: Axes) -> None:
         """Bind ``{prefix}0..`` to the row-major digits of ``flat`` over ``ranges``."""
@@ -293,7 +262,7 @@ class Gen:
                 name = sc[key]
                 return name, self.axes[name]
         code, axes = self._value(v, mask)
-        if isinstance(v, K.Acc | K.ReduceRef) or code in self.loopvars:
+        if isinstance(v, K.Acc | K.ReduceRef | K.Prefix) or code in self.loopvars:
             return code, axes
         name = self.tmp(code, axes)
         self.scopes[-1][key] = name
@@ -303,12 +272,12 @@ class Gen:
         if isinstance(v, K.Const):
             return f"tl.full([], {literal(v.value, v.dtype)}, {TL[v.dtype]})", NO_AXES
         if isinstance(v, K.Index):
-            code, axes = self.index(v.expr)
-            if not axes and code.lstrip("-").isdigit():
+            code, axes, const, shaped = self._index(v.expr)
+            if const:
                 return f"tl.full([], {code}, {TL[v.dtype]})", NO_AXES
             want = "tl.int64" if v.dtype is DType.i64 else TL[v.dtype]
-            if want != self.idx_tl or not axes:
-                code = f"({code}).to({want})" if axes or "ks_" in code else f"tl.full([], {code}, {want})"
+            if want != self.idx_tl or not axes:  # a kernel argument converts; a scalar loop variable is made a tensor
+                code = f"({code}).to({want})" if axes or shaped else f"tl.full([], {code}, {want})"
             return code, axes
         if isinstance(v, K.Load):
             return self._load(v, mask)
@@ -333,6 +302,10 @@ class Gen:
             if self.acc is None:
                 raise CompileError("Acc used outside a Matmul/Conv epilogue")
             return self.acc
+        if isinstance(v, K.Prefix):
+            if self.prefix is None:
+                raise CompileError("Prefix used outside a Scan")
+            return self.prefix
         if isinstance(v, K.ReduceRef):
             if v.step not in self.refs:
                 raise CompileError(f"ReduceRef to step {v.step} before that step is reduced")
@@ -357,10 +330,10 @@ class Gen:
         idx = self.bcast(idx, ia, want, int_index=True)
         code = f"tl.load({p} + {idx}, mask={m}, other=0)" if m else f"tl.load({p} + {idx})"
         if buf.dtype is not v.dtype:
-            code = self._cast(code, buf.dtype, v.dtype)
+            code = self.cast(code, buf.dtype, v.dtype)
         return code, want
 
-    def _cast(self, x: str, src: DType, dst: DType) -> str:
+    def cast(self, x: str, src: DType, dst: DType) -> str:
         if src is dst:
             return x
         if dst is DType.bool:
@@ -368,9 +341,9 @@ class Gen:
         return f"{x}.to({TL[dst]})"
 
     def _unary(self, v: K.Unary, x: str) -> str:
-        src = _dtype_of(v.x)
+        src = v.x.dtype
         if v.op is Op.CAST:
-            return self._cast(x, src, v.dtype)
+            return self.cast(x, src, v.dtype)
         if v.op in (Op.ABS, Op.FLOOR, Op.RELU) and (src is DType.bool or src is DType.u8):
             return x
         if v.op is Op.FLOOR and not src.is_float:
@@ -380,7 +353,7 @@ class Gen:
         return UNARY[v.op](x)
 
     def _binary(self, v: K.Binary, a: str, b: str) -> str:
-        src = _dtype_of(v.a)
+        src = v.a.dtype
         if not src.is_float and v.op in INT_BINARY:
             return INT_BINARY[v.op](a, b)
         if not src.is_float and v.op is Op.POW:
@@ -398,7 +371,7 @@ class Gen:
         idx, ia = self.index(st.index)
         want = va | ia | self.axes[mask]
         idx = self.bcast(idx, ia, want, int_index=True)
-        val = self._cast(val, _dtype_of(st.value), buf.dtype)
+        val = self.cast(val, st.value.dtype, buf.dtype)
         self.w.line(f"tl.store({p} + {idx}, {val}, mask={mask})")
 
     def pid(self) -> str:
@@ -438,235 +411,3 @@ class Gen:
 
 def _has_load(v: K.Value) -> bool:
     return any(isinstance(n, K.Load) for n in K.walk(v))
-
-
-def _dtype_of(v: K.Value) -> DType:
-    return v.dtype
-
-
-# ---- size hints for tile choice (no GPU here to autotune) -------------------------------------------
-
-
-def _subs(prog: K.Program, e: sympy.Expr | int, pick: Callable[[int, int | None], int]) -> int | None:
-    e = sympy.sympify(e)
-    env = {}
-    for s in e.free_symbols:
-        sym = next((x for x in prog.symbols if x.name == str(s)), None)
-        if sym is None:
-            return None
-        env[s] = pick(sym.min, sym.max)
-    try:
-        return int(e.subs(env))
-    except (TypeError, ValueError):
-        return None
-
-
-def upper(prog: K.Program, e: sympy.Expr | int) -> int | None:
-    """An upper bound of a size over the symbols' ranges, or None when a symbol is unbounded."""
-    if any(x.max is None for x in prog.symbols if x.name in {str(s) for s in sympy.sympify(e).free_symbols}):
-        return None
-    return _subs(prog, e, lambda lo, hi: hi if hi is not None else lo)
-
-
-def hint(prog: K.Program, e: sympy.Expr | int) -> int:
-    """A representative value of a size, for choosing tiles."""
-    v = _subs(prog, e, lambda lo, hi: max(lo, min(hi if hi is not None else 1024, 1024)))
-    return max(1, v if v is not None else 1024)
-
-
-def index_is_i64(prog: K.Program) -> bool:
-    """Index math in i64 unless every buffer provably has fewer than 2**31 elements."""
-    for b in (*prog.inputs, *prog.outputs, *prog.weights, *prog.arena):
-        n = upper(prog, b.numel())
-        if n is None or n >= 2**31 - 1:
-            return True
-    return False
-
-
-def _prod(xs: tuple[sympy.Expr | int, ...]) -> sympy.Expr | int:
-    out: sympy.Expr | int = 1
-    for x in xs:
-        out = out * x
-    return out
-
-
-def _cdiv(a: sympy.Expr | int, b: int) -> Size:
-    s = to_size(a)
-    if isinstance(s, int):
-        return -(-s // b)
-    return f"CeilDiv({s}, {b})"
-
-
-# ---- kernels -----------------------------------------------------------------------------------------
-
-
-def pointwise(prog: K.Program, k: K.Pointwise, index_i64: bool) -> TritonKernel:
-    g = Gen(prog, index_i64)
-    numel = _prod(k.ranges)
-    n_hint = upper(prog, numel) or hint(prog, numel)
-    block = min(1024, max(128, next_pow2(n_hint)))
-    warps = max(1, min(4, block // 256))
-    n, _ = g.index(numel)
-    g.w.line(f"xindex = {g.pid()} * XBLOCK + tl.arange(0, XBLOCK)")
-    g.w.line(f"xmask = xindex < {n}")
-    g.axes["xindex"] = g.axes["xmask"] = X
-    g.decompose("xindex", k.ranges, "i", X)
-    for st in k.stores:
-        g.store(st, "xmask")
-    return g.finish(k.name, g.w, {"XBLOCK": block}, (_cdiv(numel, block), 1, 1), num_warps=warps)
-
-
-def _tiles(prog: K.Program, outer: sympy.Expr | int, rlen: sympy.Expr | int) -> tuple[bool, int, int, int]:
-    """(single pass?, XBLOCK, RBLOCK, num_warps) for a reduce/scan over ``rlen`` per outer position."""
-    r_max = upper(prog, rlen)
-    if r_max is not None and r_max <= SINGLE_PASS_MAX:
-        rb = next_pow2(max(1, r_max))
-        single = True
-    else:
-        rb = LOOP_RBLOCK
-        single = False
-    # rows per program: enough programs to fill the GPU first (~128), then up to 4096 elements per program
-    rows = hint(prog, outer) // 128
-    xb = max(1, min(1 << max(0, rows.bit_length() - 1), 64, SINGLE_PASS_MAX // rb))
-    n = xb * rb
-    warps = 8 if n >= 4096 else 4 if n >= 256 else 2 if n >= 64 else 1
-    return single, xb, rb, warps
-
-
-def _outer(g: Gen, ranges: tuple[sympy.Expr, ...]) -> sympy.Expr | int:
-    outer = _prod(ranges)
-    n, _ = g.index(outer)
-    g.w.line(f"xindex = {g.pid()} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-    g.w.line(f"xmask = xindex < {n}")
-    g.axes["xindex"] = g.axes["xmask"] = X
-    g.decompose("xindex", ranges, "i", X)
-    return outer
-
-
-def _rindex(g: Gen, ranges: tuple[sympy.Expr, ...], start: str | None) -> None:
-    rn, _ = g.index(_prod(ranges))
-    base = "tl.arange(0, RBLOCK)[None, :]"
-    g.w.line(f"rindex = {start} + {base}" if start else f"rindex = {base}")
-    g.w.line(f"rmask = rindex < {rn}")
-    g.w.line("xrmask = xmask & rmask")
-    g.axes["rindex"] = g.axes["rmask"] = R
-    g.axes["xrmask"] = XR
-    g.narrow["xrmask"] = {X: "xmask", R: "rmask"}
-    g.decompose("rindex", ranges, "r", R)
-
-
-def _mentions_r(expr: sympy.Expr | int) -> bool:
-    return any(str(s).startswith("r") and str(s)[1:].isdigit() for s in sympy.sympify(expr).free_symbols)
-
-
-def reduce(prog: K.Program, k: K.Reduce, index_i64: bool) -> TritonKernel:
-    g = Gen(prog, index_i64, ("XBLOCK", "RBLOCK"))
-    rlen = _prod(k.reduce_ranges)
-    outer = _prod(k.ranges)
-    single, xb, rb, warps = _tiles(prog, outer, rlen)
-    _outer(g, k.ranges)
-    rn, _ = g.index(rlen)
-
-    def step_value(s: K.Reduction) -> str:
-        v, va = g.value(s.value, "xrmask")
-        v = g._cast(v, _dtype_of(s.value), _red_dtype(s.dtype))
-        return g.bcast(v, va, XR)
-
-    r_stores = [st for st in k.stores if _mentions_r(st.index)]
-    x_stores = [st for st in k.stores if not _mentions_r(st.index)]
-    if single:
-        _rindex(g, k.reduce_ranges, None)
-        for i, s in enumerate(k.steps):
-            v = step_value(s)
-            masked = g.tmp(f"tl.where(xrmask, {v}, {identity(s.op, s.dtype)})", XR)
-            g.refs[i] = g.tmp(_finish_reduce(s, masked), X)
-        for st in k.stores:
-            g.store(st, "xrmask" if _mentions_r(st.index) else "xmask")
-        return g.finish(k.name, g.w, {"XBLOCK": xb, "RBLOCK": rb}, (_cdiv(outer, xb), 1, 1), num_warps=warps)
-    for i, s in enumerate(k.steps):
-        acc = f"acc{i}"
-        rdt = _red_dtype(s.dtype)
-        g.w.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity(s.op, s.dtype)}, {TL[rdt]})")
-        g.w.line(f"for roffset in range(0, {rn}, RBLOCK):")
-        with g.w.indent(), g.scope():
-            _rindex(g, k.reduce_ranges, "roffset")
-            v = step_value(s)
-            v = g.tmp(f"tl.where(xrmask, {v}, {identity(s.op, s.dtype)})", XR)
-            combine = {
-                Op.SUM: f"{acc} + {v}",
-                Op.RMAX: f"tl.maximum({acc}, {v})",
-                Op.RMIN: f"tl.minimum({acc}, {v})",
-            }
-            g.w.line(f"{acc} = {combine[s.op]}")
-        g.axes[acc] = XR
-        g.refs[i] = g.tmp(_finish_reduce(s, acc), X)
-    for st in x_stores:
-        g.store(st, "xmask")
-    if r_stores:
-        g.w.line(f"for roffset in range(0, {rn}, RBLOCK):")
-        with g.w.indent(), g.scope():
-            _rindex(g, k.reduce_ranges, "roffset")
-            for st in r_stores:
-                g.store(st, "xrmask")
-    return g.finish(k.name, g.w, {"XBLOCK": xb, "RBLOCK": rb}, (_cdiv(outer, xb), 1, 1), num_warps=warps)
-
-
-def _red_dtype(d: DType) -> DType:
-    return DType.i32 if d is DType.bool else d  # tl.max/min/sum on i1 are not defined
-
-
-def _finish_reduce(s: K.Reduction, x: str) -> str:
-    out = f"{REDUCE_FN[s.op]}({x}, axis=1, keep_dims=True)"
-    return f"({out} != 0)" if s.dtype is DType.bool else out
-
-
-def scan(prog: K.Program, k: K.Scan, index_i64: bool) -> TritonKernel:
-    g = Gen(prog, index_i64, ("XBLOCK", "RBLOCK"))
-    outer = _prod(k.ranges)
-    single, xb, rb, warps = _tiles(prog, outer, k.length)
-    _outer(g, k.ranges)
-    rn, _ = g.index(k.length)
-    store = K.Store(k.store_buf, k.store_index, K.ReduceRef(-1, k.dtype))
-    dt = TL[k.dtype]
-
-    def body() -> str:
-        v, va = g.value(k.value, "xrmask")
-        v = g._cast(v, _dtype_of(k.value), k.dtype)
-        return g.tmp(f"tl.where(xrmask, {g.bcast(v, va, XR)}, 0).to({dt})", XR)
-
-    if single:
-        _rindex(g, (k.length,), None)
-        g.refs[-1] = g.tmp(f"tl.cumsum({body()}, axis=1)", XR)
-        g.store(store, "xrmask")
-    else:
-        g.w.line(f"carry = tl.zeros([XBLOCK, 1], {dt})")
-        g.w.line(f"for roffset in range(0, {rn}, RBLOCK):")
-        with g.w.indent(), g.scope():
-            _rindex(g, (k.length,), "roffset")
-            v = body()
-            g.refs[-1] = g.tmp(f"tl.cumsum({v}, axis=1) + carry", XR)
-            g.store(store, "xrmask")
-            g.w.line(f"carry = carry + tl.sum({v}, axis=1, keep_dims=True)")
-    return g.finish(k.name, g.w, {"XBLOCK": xb, "RBLOCK": rb}, (_cdiv(outer, xb), 1, 1), num_warps=warps)
-
-
-def generate(prog: K.Program, k: K.Kernel, options: BuildOptions, sm: int, index_i64: bool | None = None) -> TritonKernel:
-    """The Triton module for one kernel of ``prog`` (for GPU ``sm``, which only shapes tile choice).
-    ``index_i64``: ``index_is_i64(prog)``, which callers generating every kernel compute once."""
-    from .triton_templates import conv, matmul
-
-    index_i64 = index_is_i64(prog) if index_i64 is None else index_i64
-    try:
-        if isinstance(k, K.Pointwise):
-            return pointwise(prog, k, index_i64)
-        if isinstance(k, K.Reduce):
-            return reduce(prog, k, index_i64)
-        if isinstance(k, K.Scan):
-            return scan(prog, k, index_i64)
-        if isinstance(k, K.Matmul):
-            return matmul(prog, k, index_i64, options, sm)
-        if isinstance(k, K.Conv):
-            return conv(prog, k, index_i64, options, sm)
-    except (KeyError, ValueError) as e:
-        raise CompileError(f"Triton codegen for kernel {k.name!r} failed: {e}") from e
-    raise CompileError(f"kernel {getattr(k, 'name', k)!r}: unknown kernel type {type(k).__name__}")

@@ -1,0 +1,67 @@
+"""What the ``tl.dot`` templates share: accumulator types, the dot line, tile heuristics, and binding the
+output tile's indices and masks so that epilogues print through ``Gen`` like pointwise kernels.
+
+Note: fp32 operands use ``input_precision="ieee"`` (no TF32) unless the build asks for bf16, which rounds
+operands to bf16 and accumulates in fp32. Operand types ``tl.dot`` cannot take (fp64, integers) use a
+broadcast-multiply-sum over small tiles: slow, but exact in the operand type.
+"""
+
+from __future__ import annotations
+
+from ....ir import DType
+from ....options import BuildOptions
+from ..values import XR, Gen, R, X, next_pow2
+
+DOT_TYPES = (DType.f32, DType.f16, DType.bf16)
+
+
+def acc_dtype(a: DType, b: DType) -> DType:
+    if a in DOT_TYPES and b in DOT_TYPES:
+        return DType.f32
+    if a is DType.f64 or b is DType.f64:
+        return DType.f64
+    return DType.i64
+
+
+def dot_line(a: str, b: str, dt: DType, options: BuildOptions) -> str:
+    """``acc`` += a @ b for tiles of operand type ``dt``."""
+    if dt is DType.f32 and options.precision == "bf16":
+        return f"acc = tl.dot({a}.to(tl.bfloat16), {b}.to(tl.bfloat16), acc)"
+    if dt is DType.f32:
+        return f'acc = tl.dot({a}, {b}, acc, input_precision="ieee")'
+    if dt in DOT_TYPES:
+        return f"acc = tl.dot({a}, {b}, acc)"
+    return f"acc = acc + tl.sum({a}[:, :, None].to(acc.dtype) * {b}[None, :, :].to(acc.dtype), axis=1)"
+
+
+def _tile(n: int, big: int) -> int:
+    return big if n >= big else max(16, next_pow2(n))
+
+
+def tile_sizes(m: int, n: int, dt: DType, sm: int, options: BuildOptions) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) from the operand sizes and type."""
+    stages = 3 if sm >= 80 else 2
+    if dt not in DOT_TYPES:
+        return 16, 16, 16, 4, 1
+    if dt is DType.f32 and options.precision != "bf16":  # ieee fp32 runs on FMA units: moderate tiles
+        bm, bn = _tile(m, 64), _tile(n, 64)
+        return bm, bn, 32, 4, stages
+    bm, bn = _tile(m, 128), _tile(n, 128)
+    bk = 64 if sm >= 80 else 32
+    warps = 8 if bm * bn >= 128 * 128 else 4
+    return bm, bn, bk, warps, stages
+
+
+def bind(g: Gen, name: str, code: str, axes: frozenset[str]) -> None:
+    g.w.line(f"{name} = {code}")
+    g.loopvars[name] = (name, axes)
+    g.axes[name] = axes
+
+
+def masks(g: Gen, rows: str, cols: str) -> None:
+    """``omask`` over the output tile, with its row and column factors for loads that need only one."""
+    g.w.line(f"mmask = {rows}")
+    g.w.line(f"nmask = {cols}")
+    g.w.line("omask = mmask & nmask")
+    g.axes.update(mmask=X, nmask=R, omask=XR)
+    g.narrow["omask"] = {X: "mmask", R: "nmask"}
