@@ -64,7 +64,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, aotc_cache: Path) -> Callabl
 
 
 def _batches(case: OpCase) -> list[tuple[torch.Tensor, ...]]:
-    """Fresh inputs at two batch sizes (one for a static case), cast as capture cast the example inputs."""
+    """Fresh fp32 inputs at two batch sizes (one for a static case); _eager casts them to the build's dtypes."""
     out = []
     for batch in (2, 5) if case.dynamic else (3,):
         torch.manual_seed(batch)
