@@ -2,9 +2,10 @@
 
     python benchmarks/cpu_latency.py [OUT.json] [--threads N]
 
-Models are the DESIGN.md CPU anchors: an MLP 1024-4096-4096-1024 at 64x1024, a small ResNet-style CNN at
-4x3x224x224 (examples/cnn.py's network), and a 4-layer BERT (hidden 256) at 4x128. Prints a table of
-medians over repeats and writes JSON with versions, threads and date. Compare ratios within one run.
+Models are the fixed CPU reference set that every run is compared with: an MLP 1024-4096-4096-1024 at
+64x1024, a small ResNet-style CNN at 4x3x224x224 (examples/cnn.py's network), and a 4-layer BERT (hidden
+256) at 4x128. Prints a table of medians over repeats and writes JSON with versions, threads and date.
+Compare ratios within one run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Real-size models on the GPU: correctness against eager torch on CUDA and latency next to torch.
 
-    python benchmarks/gpu_zoo.py ref   DIR [NAMES...]   # torch on CUDA: inputs, eager outputs, eager/compile timings
+    python benchmarks/gpu_zoo.py ref   DIR [NAMES...] [--compile]   # torch on CUDA: inputs, eager outputs, timings
     CUDA_VISIBLE_DEVICES= python benchmarks/gpu_zoo.py build DIR [NAMES...]   # aotc build, GPU hidden
     python benchmarks/gpu_zoo.py run   DIR OUT.json     # the runtime alone (torch never imported)
 
@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 WARMUP, CALLS, REPEATS = 10, 50, 5
 PRECISIONS = ("fp32", "bf16")
-COMPILE = "--compile" in sys.argv  # torch.compile baselines cost a minute a model; DESIGN.md lists them
+# torch.compile(mode="reduce-overhead") beside eager costs a minute a model to compile, so it is opt-in
+COMPILE = "--compile" in sys.argv
 
 
 

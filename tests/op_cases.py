@@ -1,12 +1,14 @@
-"""The op table: one small module per op family, with inputs made from a batch size.
+"""The op table: one small module per op family, with inputs made from a batch size, run in each precision.
 
-Shared by the CPU tests (tests/test_ops.py) and the GPU tests. Inputs are random, never zeros.
+Shared by the CPU tests (tests/test_ops.py) and the GPU packages (tests/gpu/make_artifacts.py). Inputs are
+random, never zeros. A case may return several tensors; every one of them is compared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +31,7 @@ class Fn(nn.Module):
             self.register_buffer(k, v)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor | None = None, c: torch.Tensor | None = None,
-                d: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                d: torch.Tensor | None = None) -> Any:  # fmt: skip
         return self.fn(self, *(x for x in (a, b, c, d) if x is not None))
 
 
@@ -122,7 +124,8 @@ CASES = [
            lambda b: (r(b, 6, 3),)),  # fmt: skip
     OpCase("as_strided", lambda: Fn(lambda m, x: torch.as_strided(x.contiguous(), (x.shape[0], 3, 2), (12, 1, 4), 1)),
            lambda b: (r(b, 12),)),  # fmt: skip
-    OpCase("layer_norm_bf16_math", lambda: Fn(lambda m, x: F.layer_norm(x * 3 + 1, (16,)).softmax(-1)), lambda b: (r(b, 4, 16),)),
+    # a mean far from zero: a variance taken as E[x^2] - E[x]^2 cancels badly, most of all in bf16
+    OpCase("layer_norm_shifted", lambda: Fn(lambda m, x: F.layer_norm(x * 3 + 8, (16,)).softmax(-1)), lambda b: (r(b, 4, 16),)),
     OpCase("pad", lambda: Fn(lambda m, x: F.pad(x, (1, 2, 0, 1), value=0.5)), lambda b: (r(b, 3, 4),)),
     OpCase("cumsum_arange", lambda: Fn(lambda m, x: x.cumsum(1) + torch.arange(x.shape[1], dtype=torch.float32,
                                                                                  device=x.device)),
@@ -135,6 +138,8 @@ CASES = [
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16))),  # fmt: skip
     OpCase("sdpa_mask", lambda: Fn(lambda m, q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)),
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), _mask(b))),  # fmt: skip
+    OpCase("outputs_float_int", lambda: Fn(lambda m, x: (x.softmax(-1), *x.split([2, 3], 1), (x > 0).sum(-1), x.amax(1))),
+           lambda b: (r(b, 5, 6),)),  # fmt: skip
     OpCase("static_shapes", lambda: nn.Sequential(nn.Linear(8, 8), nn.Tanh()), lambda b: (r(3, 8),), dynamic=False),
 ]
 
@@ -144,3 +149,16 @@ def dynamic_shapes(case: OpCase, inputs: tuple[torch.Tensor, ...]) -> tuple | No
         return None
     batch = torch.export.Dim("batch", min=1, max=16)
     return tuple({0: batch} for _ in inputs)
+
+
+# Each case runs in each of these (BuildOptions.precision); "fp16" is one more entry once the builder takes it.
+PRECISIONS = ("fp32", "bf16")
+
+
+def precisions(case: OpCase) -> tuple[str, ...]:
+    """A bf16 build casts floating inputs, weights and buffers; a case with none of them (integer math only)
+    would build the same model again, so it runs in fp32 alone."""
+    torch.manual_seed(0)
+    model = case.make()
+    tensors = [*case.inputs(2), *model.parameters(), *model.buffers()]
+    return PRECISIONS if any(t.is_floating_point() for t in tensors) else PRECISIONS[:1]

@@ -4,7 +4,7 @@
 
 make_artifacts.py computed references with eager torch on the build machine's CPU; this rebuilds each module
 from its recipe and saved weights, runs the same inputs on the GPU, and writes <name>.cuda.npz
-(``out.<k>``). test_packages_gpu.py then holds every package to both references. It runs in its own
+(``out.<k>.<j>``). test_packages_gpu.py then holds every package to both references. It runs in its own
 process so that the runtime's tests never share one with torch. AOTC_REF_DEVICE=cpu checks the recipes on a
 machine without a GPU: every difference must then be 0.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE = os.environ.get("AOTC_REF_DEVICE", "cuda")
@@ -74,19 +75,20 @@ def _reference(art: Path, name: str, ref: np.lib.npyio.NpzFile) -> float:
     model = model.to(DEVICE)
     outs, worst = {}, 0.0
     k = 0
-    while f"out.{k}" in ref:
+    while f"out.{k}.0" in ref:
         xs = []
         i = 0
         while f"in.{k}.{i}" in ref:
             xs.append(_tensor(ref[f"in.{k}.{i}"], bf16).to(DEVICE))
             i += 1
         with torch.no_grad():
-            y = model(*xs)
-        y = y.float().cpu().numpy() if y.is_floating_point() else y.cpu().numpy()
-        outs[f"out.{k}"] = y
-        cpu = _tensor(ref[f"out.{k}"], bf16).float().numpy()
-        if y.dtype.kind == "f":
-            worst = max(worst, float(np.abs(y - cpu).max() / max(np.abs(cpu).max(), 1.0)))
+            ys = [t for t in pytree.tree_leaves(model(*xs)) if isinstance(t, torch.Tensor)]
+        for j, t in enumerate(ys):
+            y = t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy()
+            outs[f"out.{k}.{j}"] = y
+            cpu = _tensor(ref[f"out.{k}.{j}"], bf16).float().numpy()
+            if y.dtype.kind == "f":
+                worst = max(worst, float(np.abs(y - cpu).max() / max(np.abs(cpu).max(), 1.0)))
         k += 1
     np.savez(art / f"{name}.cuda.npz", **outs)
     return worst

@@ -2,8 +2,8 @@
 
     python tests/gpu/make_artifacts.py OUT_DIR [--quick]
 
-Writes OUT_DIR/<name>.pkg (cuda:sm_90 only) and OUT_DIR/<name>.ref.npz (inputs ``in.<k>.<i>`` and eager
-outputs ``out.<k>`` for case k) for the examples (fp32 and bf16), the op table and the zoo.
+Writes OUT_DIR/<name>.pkg (cuda:sm_90 only) and OUT_DIR/<name>.ref.npz (inputs ``in.<k>.<i>`` and every
+eager output ``out.<k>.<j>`` for case k) for the examples, the op table and the zoo, each in fp32 and bf16.
 tests/gpu/test_packages_gpu.py runs them on the GPU with nothing but numpy + cffi + libcuda.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -22,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from aotc_build.build import build_captured  # noqa: E402
 from aotc_build.capture import capture_module  # noqa: E402
 from aotc_build.options import BuildOptions, Target  # noqa: E402
-from op_cases import CASES, dynamic_shapes  # noqa: E402
+from op_cases import CASES, dynamic_shapes, precisions  # noqa: E402
 from zoo.models import ZOO, FirstOutput, WithMask, padded_dynamic_shapes, padded_inputs  # noqa: E402
 from zoo.models import dynamic_shapes as zoo_dynamic  # noqa: E402
 from zoo.models import inputs as zoo_inputs  # noqa: E402
@@ -61,7 +62,8 @@ def emit(
             y = m(*xs)
         for i, x in enumerate(xs):
             ref[f"in.{k}.{i}"] = _np(x)
-        ref[f"out.{k}"] = _np(y)
+        for j, t in enumerate(t for t in pytree.tree_leaves(y) if isinstance(t, torch.Tensor)):
+            ref[f"out.{k}.{j}"] = _np(t)
     # cuda_refs.py rebuilds the module from the recipe and these weights to make the eager-on-CUDA reference
     ref["recipe"] = np.array(recipe)
     torch.save(m.state_dict(), out / f"{name}.weights.pt")
@@ -112,9 +114,9 @@ def main(out: Path, quick: bool) -> None:
         for b in sizes:
             torch.manual_seed(b)
             cases.append(case.inputs(b))
-        emit(out, f"op_{case.name}", model, ex, dynamic_shapes(case, ex), cases, f"op:{case.name}")
-        if any(x.is_floating_point() for x in ex):
-            emit(out, f"op_{case.name}_bf16", model, ex, dynamic_shapes(case, ex), cases, f"op:{case.name}", "bf16")
+        for precision in precisions(case):
+            suffix = "" if precision == "fp32" else f"_{precision}"
+            emit(out, f"op_{case.name}{suffix}", model, ex, dynamic_shapes(case, ex), cases, f"op:{case.name}", precision)
     for z in ZOO[: 2 if quick else None]:
         torch.manual_seed(0)
         model = FirstOutput(z.make().eval())

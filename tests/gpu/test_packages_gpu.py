@@ -77,18 +77,21 @@ def test_package_on_gpu_matches_eager(name: str) -> None:
     cuda_ref = np.load(cuda_path) if cuda_path.exists() else None
     model = aotc.load(ART / f"{name}.pkg", device="cuda")
     k = 0
-    while f"out.{k}" in ref:
+    while f"out.{k}.0" in ref:
         xs = []
         i = 0
         while f"in.{k}.{i}" in ref:
             xs.append(_array(ref[f"in.{k}.{i}"]))
             i += 1
-        want = _array(ref[f"out.{k}"])
-        got = model(*xs)
-        assert got.shape == want.shape and got.dtype == want.dtype
-        _check(name, got, want, "eager CPU")
-        if cuda_ref is not None:
-            _check(name, got, cuda_ref[f"out.{k}"], "eager CUDA")
+        outs = model(*xs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        assert f"out.{k}.{len(outs)}" not in ref, f"{name}: the package returns fewer outputs than eager"
+        for j, got in enumerate(outs):  # every output, not only the first
+            want = _array(ref[f"out.{k}.{j}"])
+            assert got.shape == want.shape and got.dtype == want.dtype, (name, j)
+            _check(name, got, want, "eager CPU")
+            if cuda_ref is not None:
+                _check(name, got, cuda_ref[f"out.{k}.{j}"], "eager CUDA")
         k += 1
     assert k >= 1
     assert "torch" not in sys.modules, "the runtime must not import torch"
