@@ -1,4 +1,4 @@
-"""DESIGN §3.1: the runtime runs a package where torch, triton and the builder cannot be imported.
+"""The runtime's first rule: it runs a package where torch, triton and the builder cannot be imported.
 
 A fresh interpreter installs an import hook that refuses torch, triton, aotc_build (and the other build-only
 packages) before anything else runs, then loads, runs and verifies a package, and runs the CLI.

@@ -1,4 +1,4 @@
-"""Every C++ template in cpp_templates/ compiles on its own with its default #defines (STYLE.md rule 6),
+"""Every C++ template in cpp_templates/ compiles on its own with its default #defines (so each reads as real C++),
 at every CPU level we target; templates with a self-test block (``#ifdef AOTC_SELFTEST_<NAME>``) are
 also built into a small program and run, which instantiates their templates and checks them against a
 naive loop.
