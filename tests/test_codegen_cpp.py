@@ -1,5 +1,6 @@
-"""Generated C++ against the kernel interpreter and plain numpy: every Program of test_kernel_interp.py is
-generated, compiled with g++ and run through ``aotc_run`` (cffi, no runtime package) at two batch sizes.
+"""Generated C++ against the kernel interpreter and plain numpy: every Program of the one case table
+(tests/gpu/programs.py) is generated, compiled with g++ and run through ``aotc_run`` (cffi, no runtime
+package) at each of its symbol values.
 
 All libraries are compiled once per session, two at a time, through the content-addressed cache in
 pytest's cache directory (so a rerun with unchanged code compiles nothing).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,18 +25,10 @@ from aotc_build.ir import DType
 from aotc_build.kernel_interp import run_program
 from aotc_build.options import BuildOptions, Target
 from golden import check_golden
-from test_kernel_interp import (
-    CASES,
-    S0,
-    S0_VALUES,
-    Case,
-    assert_close,
-    buf,
-    case_data,
-    i0,
-    program,
-    st,
-)
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from programs import BATCH, S0, Case, buf, i0, program, st  # the one case table (tests/gpu/programs.py)
+from test_kernel_interp import CASES, TRIALS, assert_close, case_data, reference, trial_id
 
 TARGET = Target("cpu", "x86-64-v4" if "avx512f" in Path("/proc/cpuinfo").read_text() else "x86-64-v3")
 OPTIONS = BuildOptions(targets=(TARGET,))
@@ -100,6 +94,7 @@ def _gather_oob_prog() -> K.Program:
     row = K.Load("ids", K.Index(i0), DType.i64)
     k = K.Pointwise("gather_oob", (S0,), (st("y", i0, K.Load("table", row, DType.f32)),))
     return program(
+        BATCH,
         [buf("ids", DType.i64, (S0,), "input")],
         [buf("y", DType.f32, (S0,), "output")],
         [buf("table", DType.f32, (4,), "weight")],
@@ -121,25 +116,24 @@ def libs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         return {n: Lib(progs[n], f.result(), work) for n, f in futs.items()}
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("s0", S0_VALUES)
-def test_cpp_matches_interp_and_numpy(case: Case, s0: int, libs: dict[str, Lib]) -> None:
-    ins, ws = case_data(case, s0)
-    env = {"s0": s0}
+@pytest.mark.parametrize("trial", TRIALS, ids=trial_id)
+def test_cpp_matches_interp_and_numpy(trial: tuple[Case, dict[str, int]], libs: dict[str, Lib]) -> None:
+    case, env = trial
+    ins, ws = case_data(case, env)
     got = libs[case.name].run(ins, ws, env)
     oracle = run_program(case.prog, ins, ws, env)
-    want = case.ref(ins, ws)
+    want = reference(case, ins, ws)
     for j, (g, o, w) in enumerate(zip(got, oracle, want, strict=True)):
         name = case.prog.outputs[j].name
-        assert_close(g, o, case, f"output {j} ({name}) vs interp at s0={s0}")
-        assert_close(g, np.asarray(w), case, f"output {j} ({name}) vs numpy at s0={s0}")
+        assert_close(g, o, case, f"output {j} ({name}) vs interp at {env}")
+        assert_close(g, w, case, f"output {j} ({name}) vs numpy at {env}")
 
 
 def test_threads_and_abi(libs: dict[str, Lib]) -> None:
     lib = libs["linear_gelu_rowsum"]
     assert lib.lib.aotc_abi_version() == 1
     case = next(c for c in CASES if c.name == "linear_gelu_rowsum")
-    ins, ws = case_data(case, 3)
+    ins, ws = case_data(case, {"s0": 3})
     lib.lib.aotc_set_num_threads(1)
     one = lib.run(ins, ws, {"s0": 3})
     lib.lib.aotc_set_num_threads(0)
@@ -161,7 +155,7 @@ def test_gather_out_of_range_is_an_error_not_a_crash(libs: dict[str, Lib]) -> No
 def test_gather_checks_in_reduce_and_epilogue(libs: dict[str, Lib]) -> None:
     lib = libs["gathers_reduce_epilogue"]
     case = next(c for c in CASES if c.name == "gathers_reduce_epilogue")
-    ws = case_data(case, 4)[1]
+    ws = case_data(case, {"s0": 4})[1]
     with pytest.raises(RuntimeError, match="kernel embed_norm: a gather index is out of range"):
         lib.run([np.array([0, 1, 7, 2])], ws, {"s0": 4})
 
@@ -173,14 +167,14 @@ def test_cstring_escapes() -> None:
 
 
 def test_masked_body_is_scoped() -> None:
-    src = generate(next(c for c in CASES if c.name == "masked_pad").prog, OPTIONS)
+    src = generate(next(c for c in CASES if c.name == "masked_pad_2d").prog, OPTIONS)
     body = src[src.index("aotc_k_pad") :]
     load = body.index("p_x[")
     assert body.rindex("if (", 0, load) > body.rindex("for (", 0, load), "the masked load must sit inside its if"
 
 
 def test_generate_is_deterministic_and_build_is_byte_identical(tmp_path: Path) -> None:
-    prog = next(c for c in CASES if c.name == "softmax").prog
+    prog = next(c for c in CASES if c.name == "softmax_rowmax").prog
     src = generate(prog, OPTIONS)
     assert src == generate(prog, OPTIONS)
     a = compile_cpp(src, TARGET, OPTIONS, None)
@@ -229,17 +223,18 @@ def test_lower_cpu_levels(level: str, request: pytest.FixtureRequest, tmp_path: 
         built = list(pool.map(lambda c: compile_cpp(generate(c.prog, OPTIONS), target, OPTIONS, cache), cases))
     assert all(f"-march={level}" in b.command for b in built)
     for case, lib in zip(cases, built, strict=True):
-        ins, ws = case_data(case, 3)
+        ins, ws = case_data(case, {"s0": 3})
         got = Lib(case.prog, lib, tmp_path).run(ins, ws, {"s0": 3})
         for j, (g, o) in enumerate(zip(got, run_program(case.prog, ins, ws, {"s0": 3}), strict=True)):
             assert_close(g, o, case, f"output {j} at {level}")
 
 
+GOLDEN = {"masked_pad": "masked_pad_2d", "softmax": "softmax_rowmax", "matmul_bias_relu": "matmul_bias_relu"}  # file -> case
 
 
-@pytest.mark.parametrize("name", ["masked_pad", "softmax", "matmul_bias_relu"])
+@pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_generated_code_golden(name: str) -> None:
     """The generated C++ for a few small programs, as text (rerun with UPDATE_GOLDEN=1 when a change is
     intended, and read the diff: it is the review of a codegen change)."""
-    text = generate(next(c for c in CASES if c.name == name).prog, OPTIONS)
+    text = generate(next(c for c in CASES if c.name == GOLDEN[name]).prog, OPTIONS)
     check_golden(f"cpp_{name}.cpp", text)

@@ -101,9 +101,10 @@ def run(case: programs.Case, tmp: Path) -> dict[str, Any]:
     for b in prog.outputs:
         got = (bufs[b.name].float() if b.dtype.value == "bfloat16" else bufs[b.name]).numpy().astype(np.float64)
         w = np.asarray(want[b.name], np.float64).reshape(got.shape)
-        diff = np.abs(got - w)
-        ok = bool(np.all(diff <= case.atol + case.rtol * np.abs(w)))
-        out["outputs"][b.name] = {"ok": ok, "max_abs": float(diff.max(initial=0))}
+        both_nan = np.isnan(got) & np.isnan(w)  # NaN where the reference has NaN (as assert_allclose counts it)
+        diff = np.where(both_nan, 0.0, np.abs(got - w))
+        ok = bool(np.all(both_nan | (diff <= case.atol + case.rtol * np.abs(w))))
+        out["outputs"][b.name] = {"ok": ok, "max_abs": float(diff.max(initial=0)), "nan_mismatch": int(np.isnan(diff).sum())}
         out["ok"] &= ok
     return out
 

@@ -2,7 +2,7 @@
 
     python tests/gpu/build_artifacts.py .aotc-cache/gpu [--sm 90]
 
-For every case of ``programs.py`` and every hand-written launch-ABI kernel (one per scalar parameter type,
+For every case of ``programs.GPU_CASES`` and every hand-written launch-ABI kernel (one per scalar parameter type,
 one that needs global scratch, launches that need cuLaunchKernelEx, one that faults on purpose) this writes
 ``<out>/<case>/manifest.json`` (a package manifest with one CUDA target), the members it names, and
 ``data.npz`` (weights, inputs and numpy reference outputs at two symbol values; bf16 arrays as uint16 bit
@@ -342,12 +342,12 @@ def main(argv: list[str] | None = None) -> None:
     cache = a.cache or a.out.parent / "cubin-cache"
     a.out.mkdir(parents=True, exist_ok=True)
     names = []
-    for i, case in enumerate(programs.all_cases()):
+    for i, case in enumerate(programs.gpu_cases()):
         if a.only is None or case.name in a.only:
             program_case(a.out, case, a.sm, cache, seed=100 + i)
             names.append(case.name)
     if a.only is None:
-        for i, case in enumerate(programs.all_cases()):
+        for i, case in enumerate(programs.gpu_cases()):
             if case.name in PACKAGED:
                 package_case(a.out, case, a.sm, cache, seed=200 + i)
         scalar_cases(a.out, a.sm, cache)

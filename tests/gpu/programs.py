@@ -1,13 +1,19 @@
-"""Hand-made kernel Programs with numpy references: the cases the Triton backend is checked on.
+"""The hand-made kernel Programs every backend is checked on, with numpy references: one table.
 
 Each case is a ``kernel.Program`` built by hand (what fusion would produce), a numpy reference for its
-outputs, the symbol values to run it at, and a tolerance. ``tests/test_codegen_triton.py`` compiles them
-(no GPU needed); ``tests/gpu/build_artifacts.py`` turns them into cubins plus test vectors that
-``tests/gpu/run_cases.py`` runs on a GPU with nothing but numpy and cffi.
+outputs, the symbol values to run it at (``trials``), a tolerance and, where plain random inputs are wrong
+for it (NaN injection, positive-only values, non-zero divisors), its own input maker (``make``).
+
+Every case runs through the kernel interpreter (``tests/test_kernel_interp.py``), generated C++
+(``tests/test_codegen_cpp.py``) and the Triton code generator and cross-compiler
+(``tests/test_codegen_triton.py``, ``tests/triton_interpret.py``). ``GPU_CASES``, the ones verified on a
+GPU, are what ``tests/gpu/build_artifacts.py`` turns into cubins plus test vectors that
+``tests/gpu/run_cases.py`` runs with nothing but numpy and cffi; that list and its data stay fixed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,27 +26,34 @@ S0 = sympy.Symbol("s0", integer=True, positive=True)
 S1 = sympy.Symbol("s1", integer=True, positive=True)
 i0, i1, i2, i3 = K.loop_vars("i", 4)
 r0, r1 = K.loop_vars("r", 2)
-F32 = DType.f32
+F32, F64, I64, BOOL = DType.f32, DType.f64, DType.i64, DType.bool
+BATCH = [Symbol("s0", "batch", 1, 64)]  # the symbol of the CPU-first cases (``listed``)
+
+Array = np.ndarray
+Arrays = dict[str, np.ndarray]
 
 
 @dataclass
 class Case:
     name: str
     prog: K.Plan
-    ref: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict[str, np.ndarray]]
+    ref: Callable[[Arrays, Arrays], Arrays]  # (inputs, weights) by name -> outputs by name
     trials: list[dict[str, int]]  # symbol values, two per case
     rtol: float = 1e-5
     atol: float = 1e-5
     precision: str = "fp32"
     int_inputs: dict[str, int] = field(default_factory=dict)  # input name → exclusive upper bound of values
+    make: Callable[[dict[str, int], np.random.Generator], tuple[Arrays, Arrays]] | None = None  # own inputs, weights
 
 
-def data(case: Case, env: dict[str, int], seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Inputs and weights for ``case`` at symbol values ``env``: integers below ``int_inputs`` where given,
-    else standard normal values rounded to each buffer's dtype."""
+def data(case: Case, env: dict[str, int], seed: int = 0) -> tuple[Arrays, Arrays]:
+    """Inputs and weights for ``case`` at symbol values ``env``: the case's own ``make`` where it has one,
+    else integers below ``int_inputs`` where given, else standard normal values rounded to each buffer's dtype."""
     from aotc_build.kernel_interp import eval_index
 
     rng = np.random.default_rng(seed)
+    if case.make is not None:
+        return case.make(env, rng)
 
     def shape(b: K.Buffer) -> tuple[int, ...]:
         return tuple(int(eval_index(d, env)) for d in b.shape)
@@ -54,6 +67,35 @@ def data(case: Case, env: dict[str, int], seed: int = 0) -> tuple[dict[str, np.n
     return ins, ws
 
 
+def listed(
+    name: str,
+    prog: K.Plan,
+    make: Callable[[int, np.random.Generator], tuple[list[Array], list[Array]]],
+    ref: Callable[[list[Array], list[Array]], list[Array]],
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> Case:
+    """A case over ``BATCH`` run at s0 = 2 and 5 whose ``make(s0, rng)`` and ``ref`` take and give arrays in
+    buffer order (inputs, weights; outputs)."""
+
+    def named(bufs: list[K.Buffer], arrays: list[Array]) -> Arrays:
+        assert len(bufs) == len(arrays), f"{name}: {len(arrays)} arrays for {len(bufs)} buffers"
+        return {b.name: a for b, a in zip(bufs, arrays, strict=True)}
+
+    def make_named(env: dict[str, int], rng: np.random.Generator) -> tuple[Arrays, Arrays]:
+        ins, ws = make(env["s0"], rng)
+        return named(prog.inputs, ins), named(prog.weights, ws)
+
+    def ref_named(ins: Arrays, ws: Arrays) -> Arrays:
+        outs = ref([ins[b.name] for b in prog.inputs], [ws[b.name] for b in prog.weights])
+        return named(prog.outputs, outs)
+
+    return Case(name, prog, ref_named, [{"s0": 2}, {"s0": 5}], rtol, atol, make=make_named)
+
+
+# ---- builders ------------------------------------------------------------------------------------------
+
+
 def sym(name: str = "s0", lo: int = 1, hi: int | None = 64) -> Symbol:
     return Symbol(name, name, lo, hi)
 
@@ -62,8 +104,13 @@ def buf(name: str, dtype: DType, shape: tuple, kind: str) -> K.Buffer:
     return K.Buffer(name, dtype, tuple(shape), kind)
 
 
-def ld(b: str, index: sympy.Expr | K.Value, dtype: DType = F32) -> K.Load:
-    return K.Load(b, index if isinstance(index, K.Index | K.Load | K.Binary) else K.Index(index), dtype)
+def ld(b: str, index: object, dtype: DType = F32) -> K.Load:
+    """``b[index]``: a sympy index expression, or an i64 value tree for a data-dependent load."""
+    return K.Load(b, index if isinstance(index, K.Index | K.Load | K.Binary) else K.Index(sympy.sympify(index)), dtype)
+
+
+def idx(e: object, dtype: DType = I64) -> K.Index:
+    return K.Index(sympy.sympify(e), dtype)
 
 
 def c(v: float | int | bool, dtype: DType = F32) -> K.Const:
@@ -80,11 +127,19 @@ def un(op: Op, x: K.Value, dtype: DType | None = None) -> K.Unary:
     return K.Unary(op, x, dtype or x.dtype)
 
 
+def st(b: str, index: object, value: K.Value) -> K.Store:
+    return K.Store(b, sympy.sympify(index), value)
+
+
 def program(symbols, inputs, outputs, weights, kernels, *, arena=(), offsets=None, size=0) -> K.Plan:
     return K.Plan(list(symbols), list(inputs), list(outputs), list(weights), list(arena), list(kernels), {}, offsets or {}, size)
 
 
-# ---- the cases -----------------------------------------------------------------------------------
+def rnd(rng: np.random.Generator, *shape: int, lo: float = -2.0, hi: float = 2.0) -> Array:
+    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+# ---- the GPU cases (verified on a GPU: their list, programs and data stay fixed) -------------------------
 
 
 def pointwise_permute() -> Case:
@@ -454,7 +509,7 @@ def integer_ops() -> Case:
     return Case("integer_ops", prog, ref, [{"s0": 7}, {"s0": 300}], rtol=0, atol=0, int_inputs={"a": 40, "b": 10})
 
 
-CASES: list[Callable[[], Case]] = [
+GPU_CASES: list[Callable[[], Case]] = [
     pointwise_permute,
     masked_pad,
     gather,
@@ -472,6 +527,565 @@ CASES: list[Callable[[], Case]] = [
     elementwise_ops,
     integer_ops,
 ]
+
+
+# ---- the CPU-first cases (NaN, dtypes, dilation, gathers in epilogues, 0-d kernels, ...) -----------------
+
+
+def pointwise_cast_f64() -> Case:
+    xv, bv = ld("x", i0 * 15 + i2 * 5 + i1), ld("b", i1)
+    y = bin_(Op.ADD, bin_(Op.MUL, un(Op.EXP, xv), bv), c(1.0))
+    z = bin_(Op.DIV, un(Op.CAST, xv, F64), un(Op.CAST, bv, F64))
+    k = K.Pointwise("pw", (S0, 5, 3), (st("y", i0 * 15 + i1 * 3 + i2, y), st("z", i0 * 15 + i1 * 3 + i2, z)))
+    prog = program(
+        BATCH,
+        [buf("x", F32, (S0, 3, 5), "input")],
+        [buf("y", F32, (S0, 5, 3), "output"), buf("z", F64, (S0, 5, 3), "output")],
+        [buf("b", F32, (5,), "weight")],
+        [k],
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        xt, b = ins[0].transpose(0, 2, 1), ws[0]
+        return [np.exp(xt) * b[:, None] + 1, xt.astype(np.float64) / b.astype(np.float64)[:, None]]
+
+    return listed("pointwise_cast_f64", prog, lambda n, g: ([rnd(g, n, 3, 5)], [rnd(g, 5, lo=0.5, hi=1.5)]), ref)
+
+
+def masked_pad_2d() -> Case:
+    inside = bin_(
+        Op.AND,
+        bin_(Op.AND, bin_(Op.GE, idx(i1), idx(1)), bin_(Op.LT, idx(i1), idx(5))),
+        bin_(Op.AND, bin_(Op.GE, idx(i2), idx(2)), bin_(Op.LT, idx(i2), idx(8))),
+    )
+    body = bin_(Op.MUL, ld("x", i0 * 24 + (i1 - 1) * 6 + (i2 - 2)), c(2.0))
+    v = bin_(Op.ADD, K.Masked(inside, body, -1.5, F32), c(0.25))
+    k = K.Pointwise(
+        "pad",
+        (S0, 7, 9),
+        (st("y", i0 * 63 + i1 * 9 + i2, v), st("iota", i0 * 63 + i1 * 9 + i2, idx(i1 * 9 + i2))),
+    )
+    prog = program(
+        BATCH,
+        [buf("x", F32, (S0, 4, 6), "input")],
+        [buf("y", F32, (S0, 7, 9), "output"), buf("iota", I64, (S0, 7, 9), "output")],
+        [],
+        [k],
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        n = ins[0].shape[0]
+        pad = np.pad(ins[0] * 2, ((0, 0), (1, 2), (2, 1)), constant_values=-1.5) + np.float32(0.25)
+        return [pad, np.broadcast_to(np.arange(63).reshape(7, 9), (n, 7, 9))]
+
+    return listed("masked_pad_2d", prog, lambda n, g: ([rnd(g, n, 4, 6)], []), ref)
+
+
+def gather_scaled() -> Case:
+    row = K.Load("ids", idx(i0 * 5 + i1), I64)
+    v = K.Load("emb", bin_(Op.ADD, bin_(Op.MUL, row, c(8, I64)), idx(i2)), F32)
+    k = K.Pointwise("embed", (S0, 5, 8), (st("y", i0 * 40 + i1 * 8 + i2, bin_(Op.MUL, v, c(3.0))),))
+    prog = program(
+        BATCH,
+        [buf("ids", I64, (S0, 5), "input")],
+        [buf("y", F32, (S0, 5, 8), "output")],
+        [buf("emb", F32, (10, 8), "weight")],
+        [k],
+    )
+    return listed(
+        "gather_scaled",
+        prog,
+        lambda n, g: ([g.integers(0, 10, size=(n, 5))], [rnd(g, 10, 8)]),
+        lambda ins, ws: [ws[0][ins[0]] * 3],
+    )
+
+
+def softmax_rowmax() -> Case:
+    x = ld("x", i0 * 37 + r0)
+    e = un(Op.EXP, bin_(Op.SUB, x, K.ReduceRef(0, F32)))
+    k = K.Reduce(
+        "softmax",
+        (S0,),
+        (37,),
+        (K.Reduction(Op.RMAX, x, F32), K.Reduction(Op.SUM, e, F32)),
+        (st("m", i0, K.ReduceRef(0, F32)),),
+        (st("y", i0 * 37 + r0, bin_(Op.DIV, e, K.ReduceRef(1, F32))),),
+    )
+    prog = program(
+        BATCH,
+        [buf("x", F32, (S0, 37), "input")],
+        [buf("y", F32, (S0, 37), "output"), buf("m", F32, (S0,), "output")],
+        [],
+        [k],
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        x = ins[0].astype(np.float64)
+        e = np.exp(x - x.max(1, keepdims=True))
+        return [e / e.sum(1, keepdims=True), x.max(1)]
+
+    return listed("softmax_rowmax", prog, lambda n, g: ([rnd(g, n, 37, lo=-5, hi=5)], []), ref)
+
+
+def layernorm() -> Case:
+    x = ld("x", i0 * 64 + r0)
+    mean = bin_(Op.DIV, K.ReduceRef(0, F32), c(64.0))
+    d = bin_(Op.SUB, x, mean)
+    inv = un(Op.RSQRT, bin_(Op.ADD, bin_(Op.DIV, K.ReduceRef(1, F32), c(64.0)), c(1e-5)))
+    y = bin_(Op.ADD, bin_(Op.MUL, bin_(Op.MUL, d, inv), ld("w", r0)), ld("b", r0))
+    k = K.Reduce(
+        "layernorm",
+        (S0,),
+        (64,),
+        (K.Reduction(Op.SUM, x, F32), K.Reduction(Op.SUM, bin_(Op.MUL, d, d), F32)),
+        (st("mean", i0, mean),),
+        (st("y", i0 * 64 + r0, y),),
+    )
+    prog = program(
+        BATCH,
+        [buf("x", F32, (S0, 64), "input")],
+        [buf("y", F32, (S0, 64), "output"), buf("mean", F32, (S0,), "output")],
+        [buf("w", F32, (64,), "weight"), buf("b", F32, (64,), "weight")],
+        [k],
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        x = ins[0].astype(np.float64)
+        mu = x.mean(1, keepdims=True)
+        var = ((x - mu) ** 2).mean(1, keepdims=True)
+        return [(x - mu) / np.sqrt(var + 1e-5) * ws[0] + ws[1], mu[:, 0]]
+
+    return listed("layernorm", prog, lambda n, g: ([rnd(g, n, 64) + 3], [rnd(g, 64), rnd(g, 64)]), ref, 1e-4, 1e-5)
+
+
+def maxpool() -> Case:
+    ih, iw = i2 * 2 - 1 + r0, i3 * 2 - 1 + r1
+    ok = bin_(
+        Op.AND,
+        bin_(Op.AND, bin_(Op.GE, idx(ih), idx(0)), bin_(Op.LT, idx(ih), idx(7))),
+        bin_(Op.AND, bin_(Op.GE, idx(iw), idx(0)), bin_(Op.LT, idx(iw), idx(7))),
+    )
+    v = K.Masked(ok, ld("x", i0 * 98 + i1 * 49 + ih * 7 + iw), -math.inf, F32)
+    k = K.Reduce(
+        "maxpool",
+        (S0, 2, 4, 4),
+        (3, 3),
+        (K.Reduction(Op.RMAX, v, F32),),
+        (st("y", i0 * 32 + i1 * 16 + i2 * 4 + i3, K.ReduceRef(0, F32)),),
+    )
+    prog = program(BATCH, [buf("x", F32, (S0, 2, 7, 7), "input")], [buf("y", F32, (S0, 2, 4, 4), "output")], [], [k])
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        import torch
+
+        return [torch.nn.functional.max_pool2d(torch.from_numpy(ins[0]), 3, 2, 1).numpy()]
+
+    def make(n: int, g: np.random.Generator) -> tuple[list[Array], list[Array]]:
+        x = rnd(g, n, 2, 7, 7)
+        x[0, 0, 3, 3] = np.nan  # NaN propagates through max pooling
+        return [x], []
+
+    return listed("maxpool", prog, make, ref)
+
+
+def matmul_bias_relu() -> Case:
+    a = K.Strided("a", i0 * 1920 + i1 * 640, (40, 1), F32)
+    b = K.Strided("w", i1 * 960, (1, 40), F32)  # transposed weight: B[k, n] = w[i1, n, k]
+    v = un(Op.RELU, bin_(Op.ADD, K.Acc(), ld("bias", i3)))
+    k = K.Matmul("bmm", (S0, 3), 16, 24, 40, a, b, (st("y", i0 * 1152 + i1 * 384 + i2 * 24 + i3, v),))
+    prog = program(
+        BATCH,
+        [buf("a", F32, (S0, 3, 16, 40), "input")],
+        [buf("y", F32, (S0, 3, 16, 24), "output")],
+        [buf("w", F32, (3, 24, 40), "weight"), buf("bias", F32, (24,), "weight")],
+        [k],
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        acc = ins[0].astype(np.float64) @ ws[0].astype(np.float64).transpose(0, 2, 1)
+        return [np.maximum(acc + ws[1], 0)]
+
+    return listed(
+        "matmul_bias_relu",
+        prog,
+        lambda n, g: ([rnd(g, n, 3, 16, 40)], [rnd(g, 3, 24, 40), rnd(g, 24)]),
+        ref,
+        1e-5,
+        1e-5,
+    )
+
+
+def linear_gelu_rowsum() -> Case:
+    m = 7 * S0
+    a = K.Strided("x", 0, (300, 1), F32)
+    b = K.Strided("w", 0, (1, 300), F32)
+    pre = bin_(Op.ADD, K.Acc(), ld("b", i1))
+    gelu = bin_(
+        Op.MUL,
+        bin_(Op.MUL, pre, c(0.5)),
+        bin_(Op.ADD, c(1.0), un(Op.ERF, bin_(Op.MUL, pre, c(0.7071067811865476)))),
+    )
+    mm = K.Matmul("linear", (), m, 270, 300, a, b, (st("h", i0 * 270 + i1, pre), st("y", i0 * 270 + i1, gelu)))
+    red = K.Reduce(
+        "rowsum",
+        (m,),
+        (270,),
+        (K.Reduction(Op.SUM, ld("h", i0 * 270 + r0), F32),),
+        (st("s", i0, K.ReduceRef(0, F32)),),
+    )
+    prog = program(
+        BATCH,
+        [buf("x", F32, (m, 300), "input")],
+        [buf("y", F32, (m, 270), "output"), buf("s", F32, (m,), "output")],
+        [buf("w", F32, (270, 300), "weight"), buf("b", F32, (270,), "weight")],
+        [mm, red],
+        arena=[buf("h", F32, (m, 270), "arena")],
+        offsets={"h": 64},
+        size=64 + m * 270 * 4,
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        pre = ins[0].astype(np.float64) @ ws[0].T.astype(np.float64) + ws[1]
+        erf = np.vectorize(math.erf)(pre / math.sqrt(2))
+        return [0.5 * pre * (1 + erf), pre.sum(1)]
+
+    return listed(
+        "linear_gelu_rowsum",
+        prog,
+        lambda n, g: ([rnd(g, 7 * n, 300)], [rnd(g, 270, 300), rnd(g, 270)]),
+        ref,
+        1e-4,
+        1e-4,
+    )
+
+
+ConvSpec = tuple[tuple[int, int, int], int, int, int, int, tuple[int, int], int, tuple[int, int], str]
+
+
+def _conv_kernel(name: str, spec: ConvSpec) -> K.Conv:
+    """spec: input (C, H, W), out channels, kernel size, stride, padding, dilation, groups, out (H, W),
+    epilogue ("bias", "relu" or "none")."""
+    x, o, ksz, stride, pad, dil, groups, out_hw, epi = spec
+    cin, h, w = x
+    oh, ow = out_hw
+    xs = K.Strided(f"x_{name}", 0, (cin * h * w, h * w, w, 1), F32)
+    ws = K.Strided(f"w_{name}", 0, ((cin // groups) * ksz * ksz, ksz * ksz, ksz, 1), F32)
+    out = i0 * (o * oh * ow) + i1 * (oh * ow) + i2 * ow + i3
+    v: K.Value = K.Acc()
+    if epi == "bias":
+        v = bin_(Op.MUL, bin_(Op.ADD, v, ld(f"bias_{name}", i1)), c(0.5))
+    elif epi == "relu":
+        v = un(Op.RELU, v)
+    return K.Conv(
+        name,
+        xs,
+        ws,
+        S0,
+        cin,
+        h,
+        w,
+        o,
+        (ksz, ksz),
+        (oh, ow),
+        (stride, stride),
+        (pad, pad),
+        dil,
+        groups,
+        (st(f"y_{name}", out, v),),
+    )
+
+
+def convs() -> Case:
+    specs: dict[str, ConvSpec] = {
+        "grouped": ((4, 9, 10), 6, 3, 2, 1, (1, 2), 2, (5, 4), "bias"),
+        "depthwise": ((4, 8, 8), 4, 3, 1, 1, (1, 1), 4, (8, 8), "relu"),
+        "pointwise": ((8, 5, 5), 3, 1, 1, 0, (1, 1), 1, (5, 5), "none"),
+    }
+    kernels, ins, outs, wts = [], [], [], []
+    for name, spec in specs.items():
+        x, o, ksz, _, _, _, g, ohw, epi = spec
+        kernels.append(_conv_kernel(name, spec))
+        ins.append(buf(f"x_{name}", F32, (S0, *x), "input"))
+        outs.append(buf(f"y_{name}", F32, (S0, o, *ohw), "output"))
+        wts.append(buf(f"w_{name}", F32, (o, x[0] // g, ksz, ksz), "weight"))
+        if epi == "bias":
+            wts.append(buf(f"bias_{name}", F32, (o,), "weight"))
+    prog = program(BATCH, ins, outs, wts, kernels)
+
+    def make(n: int, g: np.random.Generator) -> tuple[list[Array], list[Array]]:
+        xs = [rnd(g, n, *x) for x, *_ in specs.values()]
+        ws = [rnd(g, *tuple(int(d) for d in b.shape)) for b in prog.weights]
+        return xs, ws
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        import torch
+
+        F = torch.nn.functional
+        t = lambda a: torch.from_numpy(a).double()  # noqa: E731
+        y0 = (F.conv2d(t(ins[0]), t(ws[0]), t(ws[1]), 2, 1, (1, 2), 2) * 0.5).numpy()
+        y1 = F.relu(F.conv2d(t(ins[1]), t(ws[2]), None, 1, 1, 1, 4)).numpy()
+        y2 = F.conv2d(t(ins[2]), t(ws[3])).numpy()
+        return [y0, y1, y2]
+
+    return listed("convs", prog, make, ref, 1e-5, 1e-5)
+
+
+def scan() -> Case:
+    k = K.Scan("cumsum", (S0,), 50, ld("x", i0 * 50 + r0), F32, (st("y", i0 * 50 + r0, K.Prefix(F32)),))
+    xi = un(Op.CAST, ld("n", i0 * 6 + r0, DType.i32), I64)
+    ki = K.Scan("cumsum_i", (S0,), 6, xi, I64, (st("yi", i0 * 6 + r0, K.Prefix(I64)),))
+    prog = program(
+        BATCH,
+        [buf("x", F32, (S0, 50), "input"), buf("n", DType.i32, (S0, 6), "input")],
+        [buf("y", F32, (S0, 50), "output"), buf("yi", I64, (S0, 6), "output")],
+        [],
+        [k, ki],
+    )
+    return listed(
+        "scan",
+        prog,
+        lambda n, g: ([rnd(g, n, 50, lo=0.1, hi=1), g.integers(-9, 9, (n, 6)).astype(np.int32)], []),
+        lambda ins, ws: [np.cumsum(ins[0].astype(np.float64), 1), np.cumsum(ins[1].astype(np.int64), 1)],
+    )
+
+
+def intops() -> Case:
+    x, y = ld("x", i0 * 6 + i1, I64), ld("y", i1, I64)
+    o = i0 * 6 + i1
+    logic = bin_(Op.OR, bin_(Op.AND, bin_(Op.LT, x, c(3, I64)), bin_(Op.NE, x, y)), un(Op.NOT, bin_(Op.GT, x, c(10, I64))))
+    stores = (
+        st("div", o, bin_(Op.DIV, x, y)),
+        st("mod", o, bin_(Op.MOD, x, y)),
+        st("logic", o, logic),
+        st("i32", o, bin_(Op.SUB, bin_(Op.MUL, un(Op.CAST, x, DType.i32), c(3, DType.i32)), c(7, DType.i32))),
+        st("f", o, K.Where(bin_(Op.GT, x, c(0, I64)), un(Op.CAST, x, F32), c(-1.0), F32)),
+        st("i8", o, un(Op.CAST, bin_(Op.MUL, x, c(13, I64)), DType.i8)),
+        st("u8", o, bin_(Op.ADD, un(Op.CAST, x, DType.u8), c(200, DType.u8))),
+        st("mx", o, bin_(Op.MAX, bin_(Op.MIN, x, c(7, I64)), un(Op.NEG, y))),
+    )
+    dts = {
+        "div": I64,
+        "mod": I64,
+        "logic": BOOL,
+        "i32": DType.i32,
+        "f": F32,
+        "i8": DType.i8,
+        "u8": DType.u8,
+        "mx": I64,
+    }
+    prog = program(
+        BATCH,
+        [buf("x", I64, (S0, 6), "input")],
+        [buf(n, dt, (S0, 6), "output") for n, dt in dts.items()],
+        [buf("y", I64, (6,), "weight")],
+        [K.Pointwise("intops", (S0, 6), stores)],
+    )
+
+    def make(n: int, g: np.random.Generator) -> tuple[list[Array], list[Array]]:
+        return [g.integers(-20, 20, (n, 6))], [np.array([3, -4, 5, -2, 7, 1], np.int64)]
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        x, y = ins[0], ws[0]
+        return [
+            x // y,
+            x % y,
+            ((x < 3) & (x != y)) | ~(x > 10),
+            x.astype(np.int32) * 3 - 7,
+            np.where(x > 0, x.astype(np.float32), -1.0),
+            (x * 13).astype(np.int8),
+            x.astype(np.uint8) + np.uint8(200),
+            np.maximum(np.minimum(x, 7), -y),
+        ]
+
+    return listed("intops", prog, make, ref)
+
+
+UNARY_REF: dict[Op, Callable[[Array], Array]] = {
+    Op.NEG: np.negative,
+    Op.ABS: np.abs,
+    Op.EXP: np.exp,
+    Op.LOG: np.log,
+    Op.SQRT: np.sqrt,
+    Op.RSQRT: lambda x: 1 / np.sqrt(x),
+    Op.TANH: np.tanh,
+    Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
+    Op.ERF: np.vectorize(math.erf),
+    Op.SIN: np.sin,
+    Op.COS: np.cos,
+    Op.RELU: lambda x: np.maximum(x, 0),
+    Op.RECIP: lambda x: 1 / x,
+    Op.FLOOR: np.floor,
+}
+BINARY_REF: dict[Op, Callable[[Array, Array], Array]] = {
+    Op.ADD: np.add,
+    Op.SUB: np.subtract,
+    Op.MUL: np.multiply,
+    Op.DIV: np.divide,
+    Op.MOD: lambda a, b: np.asarray(__import__("torch").remainder(__import__("torch").from_numpy(a), __import__("torch").from_numpy(b))),
+    Op.MAX: np.maximum,
+    Op.MIN: np.minimum,
+    Op.POW: np.power,
+}
+
+
+def floatops() -> Case:
+    """Every float unary and binary op in one kernel: out[k, i0, i1] = op_k(x, y)."""
+    x, y = ld("x", i0 * 33 + i1), ld("y", i0 * 33 + i1)
+    n = len(UNARY_REF) + len(BINARY_REF)
+    stores = []
+    for k, op in enumerate(UNARY_REF):
+        stores.append(st("u", k * S0 * 33 + i0 * 33 + i1, un(op, x)))
+    for k, op in enumerate(BINARY_REF):
+        stores.append(st("u", (k + len(UNARY_REF)) * S0 * 33 + i0 * 33 + i1, bin_(op, y, x)))
+    prog = program(
+        BATCH,
+        [buf("x", F32, (S0, 33), "input"), buf("y", F32, (S0, 33), "input")],
+        [buf("u", F32, (n, S0, 33), "output")],
+        [],
+        [K.Pointwise("floatops", (S0, 33), tuple(stores))],
+    )
+
+    def make(n: int, g: np.random.Generator) -> tuple[list[Array], list[Array]]:
+        y = rnd(g, n, 33, lo=-3, hi=3)
+        y[0, 5] = np.nan  # NaN through max/min
+        return [rnd(g, n, 33, lo=0.2, hi=2.0), y], []
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        x, y = ins
+        with np.errstate(invalid="ignore"):  # negative ** fraction is NaN, as in C
+            outs = [f(x) for f in UNARY_REF.values()] + [f(y, x) for f in BINARY_REF.values()]
+        return [np.stack([o.astype(np.float32) for o in outs])]
+
+    return listed("floatops", prog, make, ref, 2e-6, 1e-6)
+
+
+def half() -> Case:
+    bf, hf = DType.bf16, DType.f16
+    x = ld("x", i0 * 40 + i1, bf)
+    v = bin_(Op.ADD, bin_(Op.MUL, x, c(1.5, bf)), un(Op.EXP, x))
+    k = K.Pointwise("half", (S0, 40), (st("y", i0 * 40 + i1, v), st("h", i0 * 40 + i1, un(Op.CAST, v, hf))))
+    a = K.Strided("x", 0, (40, 1), bf)
+    b = K.Strided("w", 0, (8, 1), bf)
+    mm = K.Matmul("mm_bf16", (), S0, 8, 40, a, b, (st("z", i0 * 8 + i1, un(Op.CAST, K.Acc(), bf)),))
+    prog = program(
+        BATCH,
+        [buf("x", bf, (S0, 40), "input")],
+        [buf("y", bf, (S0, 40), "output"), buf("h", hf, (S0, 40), "output"), buf("z", bf, (S0, 8), "output")],
+        [buf("w", bf, (40, 8), "weight")],
+        [k, mm],
+    )
+    bf16 = np.dtype(bf.numpy())
+
+    def make(n: int, g: np.random.Generator) -> tuple[list[Array], list[Array]]:
+        return [rnd(g, n, 40).astype(bf16)], [rnd(g, 40, 8).astype(bf16)]
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        x, w = ins[0].astype(np.float32), ws[0].astype(np.float32)
+        v = x * 1.5 + np.exp(x)
+        return [v.astype(bf16), v.astype(np.float16), (x.astype(np.float64) @ w).astype(bf16)]
+
+    return listed("half", prog, make, ref, 1e-2, 1e-2)
+
+
+def gathers_reduce_epilogue() -> Case:
+    tok = K.Load("ids", idx(i0), I64)
+    e = K.Load("emb", bin_(Op.ADD, bin_(Op.MUL, tok, c(16, I64)), idx(r0)), F32)
+    red = K.Reduce(
+        "embed_norm",
+        (S0,),
+        (16,),
+        (K.Reduction(Op.SUM, bin_(Op.MUL, e, e), F32),),
+        (),
+        (st("n", i0 * 16 + r0, bin_(Op.MUL, e, un(Op.RSQRT, K.ReduceRef(0, F32)))),),
+    )
+    col = K.Load("emb", bin_(Op.MUL, K.Load("ids", idx(i1), I64), c(16, I64)), F32)
+    mm = K.Matmul(
+        "mm_gather",
+        (),
+        S0,
+        S0,
+        16,
+        K.Strided("n", 0, (16, 1), F32),
+        K.Strided("n", 0, (1, 16), F32),
+        (st("g", i0 * S0 + i1, bin_(Op.ADD, K.Acc(), col)),),
+    )
+    prog = program(
+        BATCH,
+        [buf("ids", I64, (S0,), "input")],
+        [buf("n", F32, (S0, 16), "output"), buf("g", F32, (S0, S0), "output")],
+        [buf("emb", F32, (7, 16), "weight")],
+        [red, mm],
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        e = ws[0][ins[0]].astype(np.float64)
+        n = e / np.sqrt((e * e).sum(1, keepdims=True))
+        return [n, n @ n.T + ws[0][ins[0], 0][None, :]]
+
+    return listed(
+        "gathers_reduce_epilogue",
+        prog,
+        lambda n, g: ([g.integers(0, 7, n)], [rnd(g, 7, 16)]),
+        ref,
+        1e-5,
+        1e-6,
+    )
+
+
+def index_math() -> Case:
+    """Floor/mod index math over a symbolic size, a reduction with no outer loop, a 0-d kernel."""
+    j = i0
+    view = K.Pointwise("view", (3 * S0,), (st("y", j, ld("x", sympy.Mod(j, S0) * 3 + sympy.floor(j / S0))),))
+    total = K.Reduce(
+        "total",
+        (),
+        (S0, 3),
+        (K.Reduction(Op.SUM, ld("x", r0 * 3 + r1), F32),),
+        (st("t", 0, K.ReduceRef(0, F32)),),
+    )
+    scalar = K.Pointwise("scalar", (), (st("z", 0, bin_(Op.MUL, ld("t", 0), c(2.0))),))
+    prog = program(
+        BATCH,
+        [buf("x", F32, (S0, 3), "input")],
+        [buf("y", F32, (3 * S0,), "output"), buf("z", F32, (), "output")],
+        [],
+        [view, total, scalar],
+        arena=[buf("t", F32, (), "arena")],
+        offsets={"t": 0},
+        size=4,
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        return [ins[0].T.reshape(-1), np.asarray(ins[0].astype(np.float64).sum() * 2)]
+
+    return listed("index_math", prog, lambda n, g: ([rnd(g, n, 3)], []), ref)
+
+
+CPU_CASES: list[Callable[[], Case]] = [
+    pointwise_cast_f64,
+    masked_pad_2d,
+    gather_scaled,
+    softmax_rowmax,
+    layernorm,
+    maxpool,
+    matmul_bias_relu,
+    linear_gelu_rowsum,
+    convs,
+    scan,
+    intops,
+    floatops,
+    half,
+    gathers_reduce_epilogue,
+    index_math,
+]
+
+
+CASES: list[Callable[[], Case]] = GPU_CASES + CPU_CASES
+
+
+def gpu_cases() -> list[Case]:
+    """The cases built into GPU artifacts (tests/gpu/build_artifacts.py, tests/gpu/test_cuda_cases.py)."""
+    return [f() for f in GPU_CASES]
 
 
 def all_cases() -> list[Case]:
