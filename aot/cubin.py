@@ -23,7 +23,7 @@ import re
 import struct
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,24 +72,13 @@ class Compiled:
         """The manifest's entry for this cubin, stored at ``member`` with its Triton source at ``source``;
         ``kinds`` are the launch arguments' parameter kinds (the scratch pointers Triton appends follow)."""
         all_kinds = [*kinds, *schema.SCRATCH[: len(self.ptx_params) - self.num_args]]
-        return schema.Kernel(
-            name=self.name,
-            member=member,
-            params=tuple(schema.Param(k, b) for k, b in zip(all_kinds, self.ptx_params, strict=True)),
-            num_warps=self.num_warps,
-            shared=self.shared,
-            num_ctas=self.num_ctas,
-            cluster_dims=self.cluster_dims,
-            global_scratch_size=self.global_scratch_size,
-            global_scratch_align=self.global_scratch_align,
-            profile_scratch_size=self.profile_scratch_size,
-            profile_scratch_align=self.profile_scratch_align,
-            launch_cooperative_grid=self.launch_cooperative_grid,
-            launch_pdl=self.launch_pdl,
-            enable_fp_fusion=self.enable_fp_fusion,
-            ptxas_version=self.ptxas_version,
-            source=source,
-        )
+        params = tuple(schema.Param(k, b) for k, b in zip(all_kinds, self.ptx_params, strict=True))
+        return schema.Kernel(member=member, source=source, params=params, **{f: getattr(self, f) for f in _KERNEL_FIELDS})
+
+
+# The launch facts a compiled kernel shares, by name, with its manifest entry: taken from the dataclasses,
+# so a field added to both flows through without another copy line here.
+_KERNEL_FIELDS = tuple(sorted({f.name for f in fields(Compiled)} & {f.name for f in fields(schema.Kernel)}))
 
 
 # ---- facts read from the toolchain and its outputs ---------------------------------------------------
