@@ -43,7 +43,7 @@ from .cuda_driver import (
 from .cuda_graph import Graphs
 from .cuda_launch import Call, Region, Slot, launch_all, names, pack, repack, up
 from .errors import AotcError, DeviceError, IncompatiblePackage, InputMismatch, PackageCorrupt
-from .schema import CudaTarget, Kernel, Manifest, Ref, TensorSpec, dtype_name
+from .schema import SCRATCH, CudaTarget, Kernel, Manifest, Ref, TensorSpec, dtype_name
 from .schema import numpy_dtype as np_dtype
 
 __all__ = ["CudaExecutor", "DeviceArray", "available", "device_info", "np_dtype", "open_executor", "pick_target"]
@@ -134,7 +134,7 @@ class _Bound:
     scratch: tuple[int, int]  # bytes of global and profile scratch (0: pass a null pointer)
     scratch_align: tuple[int, int]
     calls: list[Call]
-    packed: dict[Slot, int] = field(default_factory=dict)  # pointer values currently in the slots
+    packed: list[int] = field(default_factory=list)  # pointer values currently in the slots, by buffer number
 
 
 class CudaExecutor:
@@ -186,9 +186,16 @@ class CudaExecutor:
         self._pscratch = Region(drv, "profile scratch")
         self._bound: OrderedDict[tuple[int, ...], _Bound] = OrderedDict()
         self._graphs = Graphs(drv, self.stream)
-        self._names: dict[Slot, str] = {Ref("arena", i): s.name for i, s in enumerate(target.arena)}
-        for group in ("input", "output", "weight"):
-            self._names.update({Ref(group, i): t.name for i, t in enumerate(manifest.buffers(group))})
+        # Every buffer a launch can name gets a number once; a call's pointer table is then a plain list.
+        slots: list[tuple[Slot, str]] = [
+            (Ref(g, i), t.name) for g in ("weight", "input", "output") for i, t in enumerate(manifest.buffers(g))
+        ]
+        slots += [(Ref("arena", i), s.name) for i, s in enumerate(target.arena)]
+        slots += [(kind, kind) for kind in SCRATCH]
+        self._number: dict[Slot, int] = {slot: i for i, (slot, _) in enumerate(slots)}
+        self._names = [name for _, name in slots]
+        self._scratch = frozenset(self._number[kind] for kind in SCRATCH)
+        self._first = {g: self._number.get(Ref(g, 0), 0) for g in ("input", "output", "arena")}
         self._closed = False  # from here on, close() releases what was made
         read = members if callable(members) else members.__getitem__
         for k in target.kernels:
@@ -231,7 +238,8 @@ class CudaExecutor:
             drv.check(lib.cuFuncSetAttribute(fn[0], FUNC_ATTR_NON_PORTABLE_CLUSTER, 1), "cuFuncSetAttribute", k.name)
         return fn[0]
 
-    def _upload(self, weights: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> dict[Slot, int]:
+    def _upload(self, weights: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> list[int]:
+        """Copy the weights to the device; the pointer table with the weights' pointers filled in."""
         specs = self.manifest.weights.tensors
         if isinstance(weights, Mapping):
             missing = [t.name for t in specs if t.name not in weights]
@@ -256,7 +264,9 @@ class CudaExecutor:
             a = np.ascontiguousarray(w)
             if a.nbytes:
                 self.drv.check(self._lib.cuMemcpyHtoD_v2(base + off, host_ptr(self._ffi, a), a.nbytes), "cuMemcpyHtoD (weights)")
-        return {Ref("weight", i): base + off for i, off in enumerate(offsets)}
+        table = [0] * len(self._names)
+        table[: len(offsets)] = [base + off for off in offsets]  # weights are numbered first
+        return table
 
     # -- binding symbol values (model.py bound them; here they only select and shape the launches)
 
@@ -303,7 +313,7 @@ class CudaExecutor:
                 ps = max(ps, up(n * k.profile_scratch_size, k.profile_scratch_align) + k.profile_scratch_align)
             galign = max(galign, k.global_scratch_align)
             palign = max(palign, k.profile_scratch_align)
-            calls.append(pack(self.drv, self._funcs[k.name], k, launch, (grid[0] * k.num_ctas, grid[1], grid[2]), env))
+            calls.append(pack(self.drv, self._funcs[k.name], k, launch, (grid[0] * k.num_ctas, grid[1], grid[2]), env, self._number))
         b = _Bound(key, in_shapes, io_offsets, end, ev(t.arena_bytes, "arena_bytes"), arena_offsets, (gs, ps),
                    (galign, palign), calls)  # fmt: skip
         self._bound[key] = b
@@ -373,15 +383,15 @@ class CudaExecutor:
             if moved:
                 self._graphs.clear()
                 for other in self._bound.values():
-                    other.packed = {}
+                    other.packed = []
             keep: list[Any] = []
             ptrs, external, after = self._place(b, inputs, out_shapes, outputs, keep)
             if b.packed != ptrs:
-                repack(b.calls, ptrs, self._names)
+                repack(b.calls, ptrs, self._names, self._scratch)
                 b.packed = ptrs
             use_graph = self.graphs if graph is None else graph
             plain = not use_graph or self.graph_error is not None or self.debug_sync
-            if plain or not self._graphs.run((b.key, tuple(sorted(external.items()))), lambda: self._launch(b), names(b.calls)):
+            if plain or not self._graphs.run((b.key, tuple(sorted(external.items()))), lambda: self._launch(b), lambda: names(b.calls)):
                 self._launch(b)
             return self._finish(b, out_shapes, outputs, device_outputs, after, keep)
 
@@ -391,19 +401,21 @@ class CudaExecutor:
     def _place(
         self, b: _Bound, inputs: Sequence[Any], out_shapes: Sequence[tuple[int, ...]], outputs: Sequence[Any] | None,
         keep: list[Any],
-    ) -> tuple[dict[Slot, int], dict[str, int], list[tuple[int, int, int]]]:  # fmt: skip
+    ) -> tuple[list[int], dict[str, int], list[tuple[int, int, int]]]:  # fmt: skip
         """Device pointers of every buffer; HtoD copies of host inputs; DtoD staging where needed."""
         m, lib, stream = self.manifest, self._lib, self.stream
-        ptrs = dict(self._weight_ptrs)
+        ptrs = self._weight_ptrs.copy()
+        arena0, in0, out0 = self._first["arena"], self._first["input"], self._first["output"]
         external: dict[str, int] = {}  # caller-owned device pointers, which a graph bakes in
         after: list[tuple[int, int, int]] = []  # (dst, src, bytes) copies once the kernels ran
         for i, off in enumerate(b.arena_offsets):
-            ptrs[Ref("arena", i)] = self._arena.ptr + off
-        ptrs["global_scratch"] = up(self._gscratch.ptr, b.scratch_align[0]) if b.scratch[0] else 0
-        ptrs["profile_scratch"] = up(self._pscratch.ptr, b.scratch_align[1]) if b.scratch[1] else 0
+            ptrs[arena0 + i] = self._arena.ptr + off
+        gs, ps = self._number["global_scratch"], self._number["profile_scratch"]
+        ptrs[gs] = up(self._gscratch.ptr, b.scratch_align[0]) if b.scratch[0] else 0
+        ptrs[ps] = up(self._pscratch.ptr, b.scratch_align[1]) if b.scratch[1] else 0
         n_in = len(m.inputs)
         for i, (t, x) in enumerate(zip(m.inputs, inputs, strict=True)):
-            staged, ref = self._io.ptr + b.io_offsets[i], Ref("input", i)
+            staged, ref = self._io.ptr + b.io_offsets[i], in0 + i
             dev = device_ptr(self.drv, self.dev.ordinal, stream, x, t=t, shape=b.in_shapes[i], keep=keep, writable=False)
             nbytes = size_of(b.in_shapes[i], t.dtype)
             if dev is None:
@@ -420,7 +432,7 @@ class CudaExecutor:
             else:
                 ptrs[ref] = external[t.name] = dev
         for j, t in enumerate(m.outputs):
-            staged, ref = self._io.ptr + b.io_offsets[n_in + j], Ref("output", j)
+            staged, ref = self._io.ptr + b.io_offsets[n_in + j], out0 + j
             ptrs[ref] = staged
             if outputs is None:
                 continue

@@ -22,9 +22,10 @@ class Graphs:
         self.error: str | None = None
         self._execs: OrderedDict[Hashable, Any] = OrderedDict()
 
-    def run(self, key: Hashable, record: Callable[[], None], what: str) -> bool:
+    def run(self, key: Hashable, record: Callable[[], None], what: Callable[[], str]) -> bool:
         """Replay the graph for ``key``, capturing ``record()`` first if there is none; False when capture
-        failed and nothing ran (the caller then launches plainly)."""
+        failed and nothing ran (the caller then launches plainly). ``what()`` names the kernels for an error
+        message; it is called only on failure, to keep a replay's host time short."""
         ge = self._execs.get(key)
         if ge is None:
             ge = self._capture(record)
@@ -35,7 +36,9 @@ class Graphs:
                 self.drv.lib.cuGraphExecDestroy(self._execs.popitem(last=False)[1])
         else:
             self._execs.move_to_end(key)
-        self.drv.check(self.drv.lib.cuGraphLaunch(ge, self.stream), "cuGraphLaunch", hint=what)
+        r = self.drv.lib.cuGraphLaunch(ge, self.stream)
+        if r:
+            raise self.drv.error(r, "cuGraphLaunch", hint=what())
         return True
 
     def _capture(self, record: Callable[[], None]) -> Any:

@@ -2,14 +2,15 @@
 
 What it is: ``Region`` (one growable device allocation), ``Call`` (one launch with its arguments packed
 into 8-byte slots), ``pack`` (a manifest ``Launch`` → ``Call`` for one symbol binding; pointer slots are
-filled later by ``repack``, since buffers move) and ``launch_all``. What it is not: the executor
+filled later by ``repack``, since buffers move) and ``launch_all``. Pointer slots name buffers by a small
+integer (the executor numbers every buffer once), so the per-call pointer table is a plain list. What it is not: the executor
 (``aotc.cuda``), which decides where buffers live, or graph capture (``aotc.cuda_graph``).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,25 +73,28 @@ class Call:
     shared: int
     slots: Any  # uint64_t[n]
     argv: Any  # void*[n]
-    ptr_slots: list[tuple[int, Slot]]
+    ptr_slots: list[tuple[int, int]]  # (parameter index, buffer number)
     config: Any = None  # CUlaunchConfig* when cuLaunchKernelEx is needed
     keep: list[Any] = field(default_factory=list)
 
 
-def pack(drv: Driver, func: Any, k: Kernel, launch: Launch, grid: tuple[int, int, int], env: Mapping[str, int]) -> Call:
-    """``launch`` of kernel ``k`` (function ``func``) with its scalars packed for ``env``."""
+def pack(
+    drv: Driver, func: Any, k: Kernel, launch: Launch, grid: tuple[int, int, int], env: Mapping[str, int], number: Mapping[Slot, int]
+) -> Call:
+    """``launch`` of kernel ``k`` (function ``func``) with its scalars packed for ``env``; ``number`` gives each
+    buffer's number in the executor's pointer table."""
     ffi = drv.ffi
     n = len(k.params)
     slots = ffi.new("uint64_t[]", max(1, n))
     argv = ffi.new("void *[]", max(1, n))
     base = int(ffi.cast("uintptr_t", slots))
     view = ffi.buffer(slots)
-    ptr_slots: list[tuple[int, Slot]] = []
+    ptr_slots: list[tuple[int, int]] = []
     for j in range(n):
         argv[j] = ffi.cast("void *", base + 8 * j)
     for j, (a, p) in enumerate(zip(launch.args, k.params, strict=False)):
         if a.buffer is not None:
-            ptr_slots.append((j, a.buffer))
+            ptr_slots.append((j, number[a.buffer]))
             continue
         value: Any = a.value if a.expr is None else shapes.evaluate(a.expr, env)
         try:
@@ -103,7 +107,7 @@ def pack(drv: Driver, func: Any, k: Kernel, launch: Launch, grid: tuple[int, int
         except (struct.error, OverflowError, TypeError) as e:
             raise InputMismatch(f"argument {j} of kernel {k.name} ({a.expr or a.value!r}) does not fit {p.kind}: {e}") from None
     for j in range(k.num_args, n):
-        ptr_slots.append((j, k.params[j].kind))
+        ptr_slots.append((j, number[k.params[j].kind]))
     call = Call(k.name, func, grid, 32 * k.num_warps, k.shared, slots, argv, ptr_slots)
     if k.num_ctas > 1 or k.launch_cooperative_grid or k.launch_pdl:
         call.config, call.keep = _config(drv, k, grid)
@@ -138,13 +142,13 @@ def _config(drv: Driver, k: Kernel, grid: tuple[int, int, int]) -> tuple[Any, li
     return cfg, [attrs]
 
 
-def repack(calls: Sequence[Call], ptrs: Mapping[Slot, int], names: Mapping[Slot, str]) -> None:
-    """Write the buffers' device pointers into the pointer slots; every buffer a kernel sees is 16-byte
-    aligned (the builder promised Triton so), scratch aside."""
+def repack(calls: Sequence[Call], ptrs: Sequence[int], names: Sequence[str], scratch: Container[int]) -> None:
+    """Write the buffers' device pointers (``ptrs``, by buffer number) into the pointer slots; every buffer a
+    kernel sees is 16-byte aligned (the builder promised Triton so), ``scratch`` buffers aside."""
     for c in calls:
         for j, slot in c.ptr_slots:
             v = ptrs[slot]
-            if v % 16 and not isinstance(slot, str):
+            if v % 16 and slot not in scratch:
                 raise DeviceError(f"buffer {names[slot]} of kernel {c.kernel} is at {v:#x}, not 16-byte aligned")
             c.slots[j] = v
 
