@@ -50,8 +50,14 @@ def plain(obj: object) -> Any:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+def _fields(cls: type) -> tuple[tuple[tuple[str, Any, bool], ...], frozenset[str]]:
+    """Each field's (name, resolved type, required), and the set of names: worked out once per class."""
+    hints = get_type_hints(cls)
+    fs = tuple(
+        (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls)
+    )
+    return fs, frozenset(name for name, _, _ in fs)
 
 
 def _at(where: str, key: str) -> str:
@@ -61,16 +67,14 @@ def _at(where: str, key: str) -> str:
 def _object(cls: type, value: object, where: str) -> Any:
     if not isinstance(value, dict):
         raise bad(where, f"expected an object, got {type(value).__name__}")
-    hints = _hints(cls)
-    names = set()
+    fs, names = _fields(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        names.add(f.name)
-        if f.name not in value:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise bad(_at(where, f.name), "missing")
+    for name, hint, required in fs:
+        if name not in value:
+            if required:
+                raise bad(_at(where, name), "missing")
             continue
-        kwargs[f.name] = _value(hints[f.name], value[f.name], _at(where, f.name))
+        kwargs[name] = _value(hint, value[name], _at(where, name))
     unknown = sorted(set(value) - names)
     if unknown:
         raise bad(_at(where, str(unknown[0])), "unknown field (a newer aotc may have written it)")
@@ -82,14 +86,22 @@ def _kind(cls: type) -> object:
     return None if f is None else f.default
 
 
+@functools.cache
+def _members(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], bool, dict[object, type] | None]:
+    """A union's members other than None, whether it is ``Size``, and its classes by ``kind`` when every
+    member is a dataclass."""
+    rest = tuple(a for a in args if a is not _NONE)
+    kinds = {_kind(a): a for a in rest} if all(dataclasses.is_dataclass(a) for a in rest) else None
+    return rest, set(rest) == _SIZE, kinds
+
+
 def _union(args: tuple[Any, ...], value: object, where: str) -> Any:
     if value is None and _NONE in args:
         return None
-    rest = [a for a in args if a is not _NONE]
-    if set(rest) == _SIZE:
+    rest, is_size, kinds = _members(args)
+    if is_size:
         return size(value, where)
-    if all(dataclasses.is_dataclass(a) for a in rest):
-        kinds = {_kind(a): a for a in rest}
+    if kinds is not None:
         kind = value.get("kind") if isinstance(value, dict) else None
         if kind not in kinds:
             known = ", ".join(str(k) for k in kinds)
@@ -124,8 +136,13 @@ def size(value: object, where: str) -> shapes.Size:
     raise bad(where, f"expected an int or a size expression, got {value!r:.60}")
 
 
+@functools.cache
+def _parts(hint: Any) -> tuple[Any, tuple[Any, ...]]:
+    return get_origin(hint), get_args(hint)
+
+
 def _value(hint: Any, value: object, where: str) -> Any:
-    origin, args = get_origin(hint), get_args(hint)
+    origin, args = _parts(hint)
     if origin in (Union, types.UnionType):
         return _union(args, value, where)
     if origin is Literal:

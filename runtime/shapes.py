@@ -59,7 +59,13 @@ def symbols(size: Size) -> set[str]:
     """Names of the symbols a size depends on."""
     if isinstance(size, int):
         return set()
-    return {n.id for n in ast.walk(_parse(size)) if isinstance(n, ast.Name)} - _FUNCS
+    return set(_names(size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _names(text: str) -> frozenset[str]:
+    # a manifest repeats the same few expressions hundreds of times; walk each once
+    return frozenset(n.id for n in ast.walk(_parse(text)) if isinstance(n, ast.Name)) - _FUNCS
 
 
 def _floordiv(a: int, b: int) -> int:
