@@ -159,9 +159,10 @@ def capture_module(
 ) -> Captured:
     """Export an in-memory module (the part of ``capture`` after loading model.py)."""
     model.eval()
-    if precision == "bf16":  # the whole model in bf16; integer inputs (token ids) stay as they are
-        model = model.to(torch.bfloat16)
-        inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if half is not None:  # the whole model in that type; integer inputs (token ids) stay as they are
+        model = model.to(half)
+        inputs = tuple(x.to(half) if x.is_floating_point() else x for x in inputs)
     names = _forward_names(model, len(inputs))
     if dynamic:
         dynamic_shapes = parse_dynamic(dynamic, inputs, names)

@@ -56,11 +56,20 @@ def native_cpu_level() -> str:
     return cpu_level()
 
 
+# fp32: IEEE fp32 everywhere. bf16/fp16: the model's weights, inputs and activations in that type, matmuls
+# accumulating in fp32. tf32: an fp32 model whose GPU matmuls round operands to TF32 (opt-in: ~1e-3 relative).
+PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     targets: tuple[Target, ...] = (Target("cpu", "x86-64-v3"),)
-    precision: str = "fp32"  # "fp32" | "bf16" (GPU kernels compute in bf16 with fp32 accumulation)
+    precision: str = "fp32"  # one of PRECISIONS
     dynamic: tuple[str, ...] = ()  # "input:axis:name[:min:max]" overrides from the command line
     selftest: bool = True
     opt_level: str = "-O3"
     cuda_fp_fusion: bool = True  # let Triton contract a*b+c into FMA (False: bit-closer to eager)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"unknown precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")

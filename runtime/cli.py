@@ -65,7 +65,10 @@ def cli() -> None:
 @click.option("--entry", default=None, help="Name of the model (or model factory) in MODEL.py.")
 @click.option("--inputs-entry", default=None, help="Name of the example inputs (or their factory) in MODEL.py.")
 @click.option("--dynamic", multiple=True, help="input:axis:label:min:max, e.g. x:0:batch:1:256 (repeatable).")
-@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
+@click.option(
+    "--precision", type=click.Choice(["fp32", "bf16", "fp16", "tf32"]), default="fp32", show_default=True,
+    help="bf16/fp16: the model in that type, fp32 accumulation; tf32: fp32 with TF32 GPU matmuls (opt-in).",
+)
 @click.option("--no-selftest", is_flag=True, help="Do not store example inputs and eager outputs.")
 def build(
     *,

@@ -151,8 +151,11 @@ def dynamic_shapes(case: OpCase, inputs: tuple[torch.Tensor, ...]) -> tuple | No
     return tuple({0: batch} for _ in inputs)
 
 
-# Each case runs in each of these (BuildOptions.precision); "fp16" is one more entry once the builder takes it.
+# Each case runs in each of these (BuildOptions.precision); fp16 follows bf16's code paths, so it runs on the
+# cases that exercise each kind of kernel (matmul, conv, norms, softmax, attention, pointwise, reductions).
 PRECISIONS = ("fp32", "bf16")
+FP16_CASES = ("linear_3d_gelu", "unary_math", "layer_norm", "rms_norm", "softmax_logsoftmax", "reductions", "mm_bmm",
+              "conv_bn_relu", "conv_depthwise", "maxpool", "sdpa_causal", "sdpa_mask", "cumsum_arange")  # fmt: skip
 
 
 def precisions(case: OpCase) -> tuple[str, ...]:
@@ -161,4 +164,6 @@ def precisions(case: OpCase) -> tuple[str, ...]:
     torch.manual_seed(0)
     model = case.make()
     tensors = [*case.inputs(2), *model.parameters(), *model.buffers()]
-    return PRECISIONS if any(t.is_floating_point() for t in tensors) else PRECISIONS[:1]
+    if not any(t.is_floating_point() for t in tensors):
+        return PRECISIONS[:1]
+    return (*PRECISIONS, "fp16") if case.name in FP16_CASES else PRECISIONS

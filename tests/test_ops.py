@@ -28,8 +28,9 @@ from op_cases import CASES, PRECISIONS, OpCase, dynamic_shapes, precisions
 
 # Relative to max(|want|, 1). bf16 keeps 8 mantissa bits and fused kernels round fewer intermediates than
 # eager torch does (one rounding per op), so their results differ by a few bf16 ulps: 1e-2, as on the GPU.
-TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
-assert set(TOLERANCE) == set(PRECISIONS)
+# fp16 keeps 11 mantissa bits: a few ulps are ~2e-3.
+TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+assert set(PRECISIONS) <= set(TOLERANCE)
 
 PARAMS = [pytest.param(c, p, id=f"{c.name}-{p}") for c in CASES for p in precisions(c)]
 

@@ -1,9 +1,9 @@
 """What the ``tl.dot`` templates share: accumulator types, the dot line, tile heuristics, and binding the
 output tile's indices and masks so that epilogues print through ``Gen`` like pointwise kernels.
 
-Note: fp32 operands use ``input_precision="ieee"`` (no TF32) unless the build asks for bf16, which rounds
-operands to bf16 and accumulates in fp32. Operand types ``tl.dot`` cannot take (fp64, integers) use a
-broadcast-multiply-sum over small tiles: slow, but exact in the operand type.
+Note: fp32 operands use ``input_precision="ieee"`` (no TF32) unless the build asks for bf16/fp16, which round
+operands to that type and accumulate in fp32, or for tf32, the explicit opt-in to TF32 tensor cores. Operand
+types ``tl.dot`` cannot take (fp64, integers) use a broadcast-multiply-sum over small tiles: slow, but exact.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ def acc_dtype(a: DType, b: DType) -> DType:
 
 def dot_line(a: str, b: str, dt: DType, options: BuildOptions) -> str:
     """``acc`` += a @ b for tiles of operand type ``dt``."""
-    if dt is DType.f32 and options.precision == "bf16":
-        return f"acc = tl.dot({a}.to(tl.bfloat16), {b}.to(tl.bfloat16), acc)"
+    if dt is DType.f32 and options.precision in ("bf16", "fp16"):
+        half = "tl.bfloat16" if options.precision == "bf16" else "tl.float16"
+        return f"acc = tl.dot({a}.to({half}), {b}.to({half}), acc)"
+    if dt is DType.f32 and options.precision == "tf32":
+        return f'acc = tl.dot({a}, {b}, acc, input_precision="tf32")'
     if dt is DType.f32:
         return f'acc = tl.dot({a}, {b}, acc, input_precision="ieee")'
     if dt in DOT_TYPES:
@@ -43,7 +46,7 @@ def tile_sizes(m: int, n: int, dt: DType, sm: int, options: BuildOptions) -> tup
     stages = 3 if sm >= 80 else 2
     if dt not in DOT_TYPES:
         return 16, 16, 16, 4, 1
-    if dt is DType.f32 and options.precision != "bf16":  # ieee fp32 runs on FMA units: moderate tiles
+    if dt is DType.f32 and options.precision in ("fp32",):  # ieee fp32 runs on FMA units: moderate tiles
         bm, bn = _tile(m, 64), _tile(n, 64)
         return bm, bn, 32, 4, stages
     bm, bn = _tile(m, 128), _tile(n, 128)
