@@ -52,6 +52,7 @@ class FakeLib:
         self.funcs: dict[int, str] = {}
         self.capturing: list[Launch] | None = None
         self.graphs: dict[int, list[Launch]] = {}
+        self.events: dict[int, int] = {}
         self.calls: list[str] = []
         self._strings: list[Any] = []
         self._next = 0x1000
@@ -243,6 +244,25 @@ class FakeLib:
             argv=argv,
             ex=True,
         )
+
+    # -- events: every launch "takes" 1 us of device time, so timings are predictable
+    def cuEventCreate(self, p: Any, flags: int) -> int:
+        p[0] = self._handle("CUevent")
+        return 0
+
+    def cuEventRecord(self, e: Any, s: Any) -> int:
+        self.events[self._addr(e)] = len(self.launches)
+        return 0
+
+    def cuEventSynchronize(self, e: Any) -> int:
+        return 0
+
+    def cuEventElapsedTime(self, p: Any, a: Any, b: Any) -> int:
+        p[0] = 1e-3 * (self.events[self._addr(b)] - self.events[self._addr(a)])
+        return 0
+
+    def cuEventDestroy_v2(self, e: Any) -> int:
+        return 0
 
     def cuStreamBeginCapture_v2(self, s: Any, mode: int) -> int:
         self.capturing = []

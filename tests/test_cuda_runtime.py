@@ -205,6 +205,17 @@ def test_scale_end_to_end_plain_graph_and_zero_copy(fake: FakeLib) -> None:
     assert ex.graph_error is None
 
 
+def test_profile_times_each_launch_alone(fake: FakeLib) -> None:
+    scale_on_launch(fake, np.dtype(np.float32))
+    ex = executor(*scale_target())
+    x = np.arange(6, dtype=np.float32)
+    rows = ex.profile([x], {"n": 6}, repeats=5)
+    assert rows == [("scale", pytest.approx(1e-3))]  # the fake charges 1 us per launch
+    assert len(fake.launches) == 1 + 5
+    (y,) = ex.run([x], {"n": 6})
+    np.testing.assert_array_equal(y, x * np.float32(2.5))
+
+
 def test_misaligned_device_input_is_staged(fake: FakeLib) -> None:
     scale_on_launch(fake, np.dtype(np.float32))
     ex = executor(*scale_target())
