@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import shapes
-from .cuda_arrays import check_elf, device_ptr, host_array
+from .cuda_arrays import Checked, check_elf, device_ptr, host_array
 from .cuda_arrays import nbytes as size_of
 from .cuda_driver import (
     FUNC_ATTR_MAX_DYNAMIC_SMEM,
@@ -37,6 +37,7 @@ from .cuda_driver import (
     Device,
     DeviceArray,
     Driver,
+    Pool,
     driver,
     host_ptr,
 )
@@ -135,6 +136,7 @@ class _Bound:
     scratch_align: tuple[int, int]
     calls: list[Call]
     packed: list[int] = field(default_factory=list)  # pointer values currently in the slots, by buffer number
+    base: tuple[tuple[int, ...], list[int]] = ((), [])  # (region addresses, pointers of weights/arena/scratch)
 
 
 class CudaExecutor:
@@ -186,6 +188,9 @@ class CudaExecutor:
         self._pscratch = Region(drv, "profile scratch")
         self._bound: OrderedDict[tuple[int, ...], _Bound] = OrderedDict()
         self._graphs = Graphs(drv, self.stream)
+        self._checked = Checked()
+        self._out_shapes: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        self._pool = Pool(drv)
         # Every buffer a launch can name gets a number once; a call's pointer table is then a plain list.
         slots: list[tuple[Slot, str]] = [
             (Ref(g, i), t.name) for g in ("weight", "input", "output") for i, t in enumerate(manifest.buffers(g))
@@ -365,7 +370,13 @@ class CudaExecutor:
         DLPack (used in place), in manifest order. ``env``: the value of every symbol. Results: the
         ``outputs`` given (device arrays written in place), else new ``DeviceArray``s when
         ``device_outputs``, else numpy arrays. ``graph``: override the executor's CUDA-graph setting."""
-        out_shapes = [tuple(shapes.evaluate(d, env) for d in t.shape) for t in self.manifest.outputs]
+        key = tuple(env[s.name] for s in self.manifest.symbols)
+        out_shapes = self._out_shapes.get(key)
+        if out_shapes is None:
+            out_shapes = [tuple(shapes.evaluate(d, env) for d in t.shape) for t in self.manifest.outputs]
+            self._out_shapes[key] = out_shapes
+            if len(self._out_shapes) > 64:
+                self._out_shapes.clear()
         return self._run(inputs, env, out_shapes, outputs, device_outputs, graph)
 
     def _run(
@@ -386,12 +397,18 @@ class CudaExecutor:
                     other.packed = []
             keep: list[Any] = []
             ptrs, external, after = self._place(b, inputs, out_shapes, outputs, keep)
+            use_graph = self.graphs if graph is None else graph
+            plain = not use_graph or self.graph_error is not None or self.debug_sync
+            key = (b.key, tuple((name, e[1]) for name, e in external.items()))
+            if not plain and external and key not in self._graphs and self._graphs.count(b.key) >= 2:
+                # Caller arrays at yet another address: copying them through staging keeps one graph for
+                # every address, where capturing one per address set would cost far more than the copies.
+                self._stage(ptrs, external, after)
+                key = (b.key, ())
             if b.packed != ptrs:
                 repack(b.calls, ptrs, self._names, self._scratch)
                 b.packed = ptrs
-            use_graph = self.graphs if graph is None else graph
-            plain = not use_graph or self.graph_error is not None or self.debug_sync
-            if plain or not self._graphs.run((b.key, tuple(sorted(external.items()))), lambda: self._launch(b), lambda: names(b.calls)):
+            if plain or not self._graphs.run(key, lambda: self._launch(b), lambda: names(b.calls)):
                 self._launch(b)
             return self._finish(b, out_shapes, outputs, device_outputs, after, keep)
 
@@ -425,25 +442,48 @@ class CudaExecutor:
                     lib.cuEventDestroy_v2(ev[i])
         return out
 
+    def _base(self, b: _Bound) -> list[int]:
+        """The pointer table's weights, arena buffers and scratch for this binding (recomputed when a region moved)."""
+        where = (self._arena.ptr, self._gscratch.ptr, self._pscratch.ptr)
+        if b.base[0] != where:
+            ptrs = self._weight_ptrs.copy()
+            arena0 = self._first["arena"]
+            for i, off in enumerate(b.arena_offsets):
+                ptrs[arena0 + i] = self._arena.ptr + off
+            gs, ps = self._number["global_scratch"], self._number["profile_scratch"]
+            ptrs[gs] = up(self._gscratch.ptr, b.scratch_align[0]) if b.scratch[0] else 0
+            ptrs[ps] = up(self._pscratch.ptr, b.scratch_align[1]) if b.scratch[1] else 0
+            b.base = (where, ptrs)
+        return b.base[1]
+
+    def _stage(self, ptrs: list[int], external: dict[str, tuple[int, int, int, int, bool]], after: list[tuple[int, int, int]]) -> None:
+        """Point the kernels at staging instead of the caller's arrays: inputs copied in now, outputs out after."""
+        for ref, dev, staged, n, is_output in external.values():
+            ptrs[ref] = staged
+            if is_output:
+                after.append((dev, staged, n))
+            elif n:
+                r = self._lib.cuMemcpyDtoDAsync_v2(staged, dev, n, self.stream)
+                self.drv.check(r, "cuMemcpyDtoDAsync", hint="staging a caller's input")
+        external.clear()
+
     def _place(
         self, b: _Bound, inputs: Sequence[Any], out_shapes: Sequence[tuple[int, ...]], outputs: Sequence[Any] | None,
         keep: list[Any],
-    ) -> tuple[list[int], dict[str, int], list[tuple[int, int, int]]]:  # fmt: skip
+    ) -> tuple[list[int], dict[str, tuple[int, int, int, int, bool]], list[tuple[int, int, int]]]:  # fmt: skip
         """Device pointers of every buffer; HtoD copies of host inputs; DtoD staging where needed."""
         m, lib, stream = self.manifest, self._lib, self.stream
-        ptrs = self._weight_ptrs.copy()
-        arena0, in0, out0 = self._first["arena"], self._first["input"], self._first["output"]
-        external: dict[str, int] = {}  # caller-owned device pointers, which a graph bakes in
+        ptrs = self._base(b).copy()
+        in0, out0 = self._first["input"], self._first["output"]
+        # caller-owned device arrays the kernels use in place, which a graph bakes in:
+        # name -> (pointer slot, address, staging address, bytes, is an output)
+        external: dict[str, tuple[int, int, int, int, bool]] = {}
         after: list[tuple[int, int, int]] = []  # (dst, src, bytes) copies once the kernels ran
-        for i, off in enumerate(b.arena_offsets):
-            ptrs[arena0 + i] = self._arena.ptr + off
-        gs, ps = self._number["global_scratch"], self._number["profile_scratch"]
-        ptrs[gs] = up(self._gscratch.ptr, b.scratch_align[0]) if b.scratch[0] else 0
-        ptrs[ps] = up(self._pscratch.ptr, b.scratch_align[1]) if b.scratch[1] else 0
         n_in = len(m.inputs)
         for i, (t, x) in enumerate(zip(m.inputs, inputs, strict=True)):
             staged, ref = self._io.ptr + b.io_offsets[i], in0 + i
-            dev = device_ptr(self.drv, self.dev.ordinal, stream, x, t=t, shape=b.in_shapes[i], keep=keep, writable=False)
+            dev = device_ptr(self.drv, self.dev.ordinal, stream, x, t=t, shape=b.in_shapes[i], keep=keep, writable=False,
+                             checked=self._checked)
             nbytes = size_of(b.in_shapes[i], t.dtype)
             if dev is None:
                 a = host_array(x, t, b.in_shapes[i])
@@ -457,19 +497,22 @@ class CudaExecutor:
                 if nbytes:
                     self.drv.check(lib.cuMemcpyDtoDAsync_v2(staged, dev, nbytes, stream), "cuMemcpyDtoDAsync", hint=f"input {t.name}")
             else:
-                ptrs[ref] = external[t.name] = dev
+                ptrs[ref] = dev
+                external[t.name] = (ref, dev, staged, nbytes, False)
         for j, t in enumerate(m.outputs):
             staged, ref = self._io.ptr + b.io_offsets[n_in + j], out0 + j
             ptrs[ref] = staged
             if outputs is None:
                 continue
-            dev = device_ptr(self.drv, self.dev.ordinal, stream, outputs[j], t=t, shape=out_shapes[j], keep=keep, writable=True)
+            dev = device_ptr(self.drv, self.dev.ordinal, stream, outputs[j], t=t, shape=out_shapes[j], keep=keep, writable=True,
+                             checked=self._checked)  # fmt: skip
             if dev is None:
                 raise InputMismatch(f"output buffer {j} ({t.name}) is not a device array")
             if dev % 16:
                 after.append((dev, staged, size_of(out_shapes[j], t.dtype)))
             else:
-                ptrs[ref] = external[t.name] = dev
+                ptrs[ref] = dev
+                external[t.name] = (ref, dev, staged, size_of(out_shapes[j], t.dtype), True)
         return ptrs, external, after
 
     def _finish(
@@ -488,7 +531,7 @@ class CudaExecutor:
             if outputs is not None:
                 results.append(outputs[j])
             elif device_outputs:
-                d = DeviceArray.empty(drv, shape, dt)
+                d = DeviceArray.empty(drv, shape, dt, self._pool)
                 if nbytes:
                     drv.check(lib.cuMemcpyDtoDAsync_v2(d.ptr, src, nbytes, stream), "cuMemcpyDtoDAsync (output)")
                 results.append(d)
@@ -533,6 +576,7 @@ class CudaExecutor:
         drv.context(self.dev)
         lib.cuStreamSynchronize(self.stream)
         self._graphs.clear()
+        self._pool.close()
         for r in (self._arena, self._io, self._gscratch, self._pscratch, self._weights_mem):
             r.release()
         for mod in self._modules:

@@ -9,6 +9,7 @@ returning garbage. What it is not: the executor (``cuda.py``) or the manifest fo
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -301,21 +302,65 @@ def driver() -> Driver:
 # ---- device buffers ----------------------------------------------------------------------------------
 
 
-class DeviceArray:
-    """A contiguous device buffer owned by aotc, freed with the object. Exposes ``__cuda_array_interface__``
-    (v3), so CuPy, Numba or torch can read it without a copy; ``numpy()`` copies it to the host."""
+class Pool:
+    """Device buffers of dropped outputs, kept by size for the next call's outputs, so a steady stream of calls
+    allocates nothing (and never calls cuMemFree, which waits for the whole device). At most ``limit`` bytes
+    are kept. Like CuPy's pool: work the caller queued on its own streams that reads an output must be done
+    before the output is dropped, since its memory is then reused."""
 
-    def __init__(self, drv: Driver, ptr: int, shape: tuple[int, ...], dtype: np.dtype, owned: bool = True) -> None:
+    def __init__(self, drv: Driver, limit: int = 1 << 30) -> None:
+        self.drv, self.limit = drv, limit
+        self._free: dict[int, list[int]] = {}
+        self._held = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, n: int, what: str) -> int:
+        with self._lock:
+            ptrs = self._free.get(n)
+            if ptrs:
+                self._held -= n
+                return ptrs.pop()
+        return self.drv.alloc(n, what)
+
+    def give(self, ptr: int, n: int) -> None:
+        with self._lock:
+            if not self._closed and self._held + n <= self.limit:
+                self._free.setdefault(n, []).append(ptr)
+                self._held += n
+                return
+        self.drv.free(ptr)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            ptrs = [p for ps in self._free.values() for p in ps]
+            self._free.clear()
+            self._held = 0
+        for p in ptrs:
+            self.drv.free(p)
+
+
+class DeviceArray:
+    """A contiguous device buffer owned by aotc, freed with the object (or handed back to its ``pool``).
+    Exposes ``__cuda_array_interface__`` (v3), so CuPy, Numba or torch can read it without a copy;
+    ``numpy()`` copies it to the host."""
+
+    def __init__(
+        self, drv: Driver, ptr: int, shape: tuple[int, ...], dtype: np.dtype, owned: bool = True, pool: Pool | None = None
+    ) -> None:
         self._drv = drv
         self.ptr = ptr
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self._owned = owned
+        self._pool = pool
 
     @classmethod
-    def empty(cls, drv: Driver, shape: tuple[int, ...], dtype: np.dtype) -> DeviceArray:
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return cls(drv, drv.alloc(n, f"an output of shape {tuple(shape)}"), shape, dtype)
+    def empty(cls, drv: Driver, shape: tuple[int, ...], dtype: np.dtype, pool: Pool | None = None) -> DeviceArray:
+        n = math.prod(shape) * np.dtype(dtype).itemsize
+        what = f"an output of shape {tuple(shape)}"
+        return cls(drv, pool.take(n, what) if pool else drv.alloc(n, what), shape, dtype, pool=pool)
 
     @classmethod
     def from_numpy(cls, drv: Driver, a: np.ndarray) -> DeviceArray:
@@ -327,7 +372,7 @@ class DeviceArray:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
@@ -349,5 +394,8 @@ class DeviceArray:
 
     def __del__(self) -> None:
         if getattr(self, "_owned", False):
-            self._drv.free(self.ptr)
             self._owned = False
+            if self._pool is not None:
+                self._pool.give(self.ptr, self.nbytes)
+            else:
+                self._drv.free(self.ptr)

@@ -22,6 +22,13 @@ class Graphs:
         self.error: str | None = None
         self._execs: OrderedDict[Hashable, Any] = OrderedDict()
 
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._execs
+
+    def count(self, binding: Hashable) -> int:
+        """How many graphs this symbol binding has (keys are (binding, baked-in pointers))."""
+        return sum(1 for k in self._execs if isinstance(k, tuple) and k[0] == binding)
+
     def run(self, key: Hashable, record: Callable[[], None], what: Callable[[], str]) -> bool:
         """Replay the graph for ``key``, capturing ``record()`` first if there is none; False when capture
         failed and nothing ran (the caller then launches plainly). ``what()`` names the kernels for an error

@@ -124,6 +124,8 @@ class Model:
         self.outputs: tuple[TensorSpec, ...] = self.manifest.outputs
         self.symbols: tuple[Symbol, ...] = self.manifest.symbols
         self._sym = {s.name: s for s in self.symbols}
+        # input shapes -> (symbol values, output shapes): the checks behind them depend on the shapes alone
+        self._bindings: dict[tuple[tuple[int, ...], ...], tuple[dict[str, int], list[tuple[int, ...]]]] = {}
 
     def close(self) -> None:
         """Unload the code and unmap the package now rather than at garbage collection."""
@@ -265,8 +267,14 @@ class Model:
             self._check_dtype(spec, dtype)
             arrays.append(arr)
             shapes.append(shape)
-        env = self.bind(shapes)
-        outs = self.executor.execute(arrays, env, self.output_shapes(env))
+        key = tuple(shapes)
+        bound = self._bindings.get(key)
+        if bound is None:
+            env = self.bind(shapes)
+            bound = self._bindings[key] = (env, self.output_shapes(env))
+            if len(self._bindings) > 256:
+                self._bindings.clear()
+        outs = self.executor.execute(arrays, *bound)
         return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

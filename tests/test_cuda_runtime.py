@@ -216,6 +216,39 @@ def test_profile_times_each_launch_alone(fake: FakeLib) -> None:
     np.testing.assert_array_equal(y, x * np.float32(2.5))
 
 
+def test_new_addresses_reuse_the_graph_through_staging(fake: FakeLib) -> None:
+    """Two address sets get graphs of their own; a third is copied through staging into a third graph that
+    every later address shares, so fresh caller arrays each call never capture again."""
+    scale_on_launch(fake, np.dtype(np.float32))
+    ex = executor(*scale_target())
+    alive = []  # distinct addresses every call
+    for k in range(6):
+        x = np.full(8, k, np.float32)
+        dx, dy = ex.to_device(x), ex.empty((8,), "float32")
+        alive += [dx, dy]
+        ex.run([dx], {"n": 8}, outputs=[dy])
+        np.testing.assert_array_equal(dy.numpy(), x * np.float32(2.5))
+    assert fake.calls.count("cuGraphLaunch") == 6
+    assert len(ex._graphs._execs) == 3
+
+
+def test_dropped_outputs_are_reused_not_freed(fake: FakeLib) -> None:
+    scale_on_launch(fake, np.dtype(np.float32))
+    ex = executor(*scale_target())
+    x = ex.to_device(np.arange(8, dtype=np.float32))
+    (first,) = ex.run([x], {"n": 8}, device_outputs=True)
+    ptr = first.ptr
+    del first
+    allocs = fake.calls.count("cuMemAlloc")
+    for _ in range(5):
+        (y,) = ex.run([x], {"n": 8}, device_outputs=True)
+        assert y.ptr == ptr
+        np.testing.assert_array_equal(y.numpy(), np.arange(8, dtype=np.float32) * np.float32(2.5))
+        del y
+    assert fake.calls.count("cuMemAlloc") == allocs
+    ex.close()
+
+
 def test_misaligned_device_input_is_staged(fake: FakeLib) -> None:
     scale_on_launch(fake, np.dtype(np.float32))
     ex = executor(*scale_target())
