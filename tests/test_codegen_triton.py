@@ -138,9 +138,7 @@ def interpreted() -> dict[str, dict[str, Any]]:
 
 
 # Cases whose Triton kernels are known to differ from the reference (strict: an unexpected pass fails).
-KNOWN_GAPS = {
-    "maxpool": "RMAX/RMIN reductions lower to tl.max/tl.maximum without propagate_nan, so a NaN in the window is dropped",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,9 @@ from ...options import BuildOptions
 from .sizes import cdiv, hint, prod, upper
 from .values import TL, XR, Gen, R, TritonKernel, X, literal, next_pow2
 
-SINGLE_PASS_MAX = 4096  # longest reduce/scan kept whole in registers
+# Longest reduce/scan kept whole in registers: one read of each row, where the loop re-reads it per step
+# (layer-norm: mean, variance, then the normalized row); 8192 fp32 values fit 16 warps' registers.
+SINGLE_PASS_MAX = 8192
 LOOP_RBLOCK = 1024
 REDUCE_FN = {Op.SUM: "tl.sum", Op.RMAX: "tl.max", Op.RMIN: "tl.min"}
 
@@ -63,7 +65,7 @@ def _tiles(prog: K.Program, outer: sympy.Expr | int, rlen: sympy.Expr | int) -> 
     rows = hint(prog, outer) // 128
     xb = max(1, min(1 << max(0, rows.bit_length() - 1), 64, SINGLE_PASS_MAX // rb))
     n = xb * rb
-    warps = 8 if n >= 4096 else 4 if n >= 256 else 2 if n >= 64 else 1
+    warps = 16 if n >= 8192 else 8 if n >= 4096 else 4 if n >= 256 else 2 if n >= 64 else 1
     return single, xb, rb, warps
 
 
@@ -123,10 +125,11 @@ def reduce(prog: K.Program, k: K.Reduce, index_i64: bool, options: BuildOptions,
             _rindex(g, k.reduce_ranges, "roffset")
             v = step_value(s)
             v = g.tmp(f"tl.where(xrmask, {v}, {identity(s.op, s.dtype)})", XR)
+            nan = ", propagate_nan=tl.PropagateNan.ALL" if s.dtype.is_float else ""
             combine = {
                 Op.SUM: f"{acc} + {v}",
-                Op.RMAX: f"tl.maximum({acc}, {v})",
-                Op.RMIN: f"tl.minimum({acc}, {v})",
+                Op.RMAX: f"tl.maximum({acc}, {v}{nan})",
+                Op.RMIN: f"tl.minimum({acc}, {v}{nan})",
             }
             g.w.line(f"{acc} = {combine[s.op]}")
         g.axes[acc] = XR
@@ -148,7 +151,12 @@ def _red_dtype(d: DType) -> DType:
 
 def _finish_reduce(s: K.Reduction, x: str) -> str:
     out = f"{REDUCE_FN[s.op]}({x}, axis=1, keep_dims=True)"
-    return f"({out} != 0)" if s.dtype is DType.bool else out
+    if s.dtype is DType.bool:
+        return f"({out} != 0)"
+    if s.op is not Op.SUM and s.dtype.is_float:
+        # tl.max/tl.min drop NaN (maxnum semantics); torch's max/min and max-pooling propagate it
+        return f"tl.where(tl.max(({x} != {x}).to(tl.int32), axis=1, keep_dims=True) > 0, {literal(math.nan, s.dtype)}, {out})"
+    return out
 
 
 def scan(prog: K.Program, k: K.Scan, index_i64: bool, options: BuildOptions, sm: int) -> TritonKernel:
