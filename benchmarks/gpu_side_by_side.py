@@ -118,7 +118,7 @@ def dynamic(spec: Spec) -> Any:
         return None
     dims = {0: torch.export.Dim("batch", min=1, max=64)}
     if spec.text:
-        dims[1] = torch.export.Dim("seq", min=2, max=1024)
+        dims[1] = torch.export.Dim("seq", min=2, max=512)  # BERT has 512 positions
     return (dims,)
 
 
