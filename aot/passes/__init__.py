@@ -10,13 +10,14 @@ from collections.abc import Callable
 
 from ..ir import Graph
 from .fold import dce, fold_constants, fold_conv_scale
+from .merge import merge_matmuls
 from .rewrite import rewrite
 
 Pass = Callable[[Graph], Graph]
 
-__all__ = ["PIPELINE", "Pass", "dce", "fold_constants", "fold_conv_scale", "rewrite", "run_pipeline"]
+__all__ = ["PIPELINE", "Pass", "dce", "fold_constants", "fold_conv_scale", "merge_matmuls", "rewrite", "run_pipeline"]
 
-PIPELINE: list[Pass] = [dce, fold_constants, fold_conv_scale, fold_constants]
+PIPELINE: list[Pass] = [dce, fold_constants, fold_conv_scale, fold_constants, merge_matmuls]
 
 
 def run_pipeline(g: Graph, check: Callable[[Graph, str], None] | None = None) -> Graph:
