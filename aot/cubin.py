@@ -356,10 +356,15 @@ def build_cuda_target(
     members: dict[str, bytes] = {}
     versions: set[str] = set()
     index_i64 = tg.index_is_i64(prog)  # a property of the whole program; ~0.04 s a kernel to recompute
+    tuned: dict[str, tg.Config] = {}
+    if options.tune:
+        from .tune import tune_program
+
+        tuned = tune_program(prog, sm, options, cache_dir, index_i64)
     for k in prog.kernels:
         name = kernel_name(k.name, taken)
         k_named = _renamed(k, name)
-        tk = tg.generate(prog, k_named, options, sm, index_i64)
+        tk = tg.generate(prog, k_named, options, sm, index_i64, tuned.get(k.name))
         body = tk.source.replace(f"def {name}(", "def __kernel__(", 1)
         kinds = [sig_kind(p.sig) for p in tk.params]
         pk = by_body.get(body)
