@@ -3,7 +3,7 @@ fastest, and remember it in the cache dir.
 
 What it is: ``jobs`` (the tunable kernels of a program, identical kernels merged, each with its candidate
 sources), ``compile_all`` (every candidate cubin, in parallel processes), ``Bench`` (the runtime's own
-launcher on random device buffers sized at the symbols' hints, timed with CUDA events), the winners'
+launcher on random device buffers sized at the example sizes, timed with CUDA events), the winners'
 cache (``<cache>/tune/``, keyed by kernel signature + shape bucket + SM + device + Triton version) and
 ``tune_program``, which the CUDA target build calls. Without a GPU of the target's SM it says so in one
 line and the build uses the committed table / heuristic (``configs.choose``).
@@ -36,7 +36,7 @@ from aotc.errors import AotcError, CompileError
 from . import kernel as K
 from .codegen import triton as tg
 from .codegen.triton.configs import SM_COUNT, Config, Shape, candidates, choose
-from .codegen.triton.sizes import hint
+from .codegen.triton.sizes import example
 from .cubin import Compiled, compile_kernel, sig_kind, triton_version
 from .options import BuildOptions
 
@@ -54,8 +54,8 @@ class Job:
     names: tuple[str, ...]  # the program's kernels it stands for
     default: Config  # what ``configs.choose`` picks without tuning
     candidates: tuple[tuple[Config, tg.TritonKernel], ...]
-    buffers: tuple[tuple[str, str, int], ...]  # (buffer, dtype name, bytes at the hints)
-    env: tuple[tuple[str, int], ...]  # symbol -> hint
+    buffers: tuple[tuple[str, str, int], ...]  # (buffer, dtype name, bytes at the example sizes)
+    env: tuple[tuple[str, int], ...]  # symbol -> its example value (or hint)
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Result:
 def jobs(prog: K.Program, sm: int, options: BuildOptions, index_i64: bool, sm_count: int, device: str = "") -> list[Job]:
     """The tunable kernels of ``prog`` for ``sm``, merged by signature (a pure function: no GPU)."""
     by_key: dict[str, Job] = {}
-    env = tuple(sorted((s.name, hint(prog, sympy.Symbol(s.name))) for s in prog.symbols))
+    env = tuple(sorted((s.name, example(prog, sympy.Symbol(s.name))) for s in prog.symbols))
     for k in prog.kernels:
         shape_of = tg.SHAPES.get(type(k))
         if shape_of is None:
@@ -86,7 +86,7 @@ def jobs(prog: K.Program, sm: int, options: BuildOptions, index_i64: bool, sm_co
             continue
         cands = tuple((c, tg.generate(prog, kn, options, sm, index_i64, c)) for c in candidates(s, sm))
         used = sorted({str(p.source[1]) for _, tk in cands[:1] for p in tk.params if p.source[0] == "buffer"})
-        bufs = tuple((b, prog.buffer(b).dtype.value, hint(prog, prog.buffer(b).nbytes())) for b in used)
+        bufs = tuple((b, prog.buffer(b).dtype.value, example(prog, prog.buffer(b).nbytes())) for b in used)
         by_key[key] = Job(key, s, (k.name,), choose(s, sm)[0], cands, bufs, env)
     return [by_key[k] for k in sorted(by_key)]
 

@@ -206,3 +206,18 @@ def test_tuned_config_reaches_the_package(fake: FakeLib, tmp_path: Path, monkeyp
     t, members = build_cuda_target(prog, SM90, BuildOptions(targets=(SM90,), precision="bf16", tune=True), tmp_path)
     src = next(v for k, v in members.items() if k.endswith(".py")).decode()
     assert "# tile config: 64x64x32 w4 s3 g8 (tuned, sm_90)" in src
+
+
+def test_tiles_are_chosen_at_the_example_size_of_a_dynamic_dim() -> None:
+    """A build for batch 1..4096 run at batch 256 (the example) must not get tiles for 1024 rows."""
+    import torch
+    from aotc_build.build import compile_graph
+    from aotc_build.capture import capture_module
+    from aotc_build.codegen.triton.templates import matmul
+
+    lin = torch.nn.Linear(768, 768)
+    cap = capture_module(lin, (torch.randn(256, 768),), ({0: torch.export.Dim("batch", min=1, max=4096)},), precision="bf16")
+    _, plan, _ = compile_graph(cap)
+    assert [s.example for s in plan.symbols] == [256]
+    k = next(k for k in plan.kernels if isinstance(k, K.Matmul))
+    assert matmul.shape(plan, k, BuildOptions(precision="bf16")) == Shape("matmul", "f16", 256, 768, 768)

@@ -10,14 +10,14 @@ from aotc.errors import CompileError
 from .... import kernel as K
 from ....options import BuildOptions
 from ..configs import Config, Shape, choose, conv_shape
-from ..sizes import grid_size, hint
+from ..sizes import example, grid_size
 from ..values import TL, XR, Gen, R, TritonKernel, X, next_pow2
 from .dot import acc_dtype, bind, dot_line, masks
 
 
 def shape(prog: K.Program, k: K.Conv, options: BuildOptions) -> Shape:
-    """The implicit GEMM ``k`` runs, at the symbols' hints, as the config chooser and the tuner key it."""
-    m = hint(prog, sympy.sympify(k.batch) * k.out_hw[0] * k.out_hw[1])
+    """The implicit GEMM ``k`` runs, at the example sizes (sizes.example), as the config chooser and the tuner key it."""
+    m = example(prog, sympy.sympify(k.batch) * k.out_hw[0] * k.out_hw[1])
     return conv_shape(m, k.c_out // k.groups, k.c_in // k.groups * k.kernel[0] * k.kernel[1], k.groups, k.x.dtype, options)
 
 

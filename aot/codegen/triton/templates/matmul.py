@@ -11,15 +11,15 @@ from aotc.errors import CompileError
 from .... import kernel as K
 from ....options import BuildOptions
 from ..configs import Config, Shape, choose, matmul_shape
-from ..sizes import grid_size, hint, prod
+from ..sizes import example, grid_size, prod
 from ..values import NO_AXES, TL, XR, Gen, R, TritonKernel, X
 from .dot import acc_dtype, bind, dot_line, masks
 
 
 def shape(prog: K.Program, k: K.Matmul, options: BuildOptions) -> Shape:
-    """The problem ``k`` is at the symbols' hints, as the config chooser and the tuner key it."""
-    batch = hint(prog, prod(k.batch)) if k.batch else 1
-    return matmul_shape(hint(prog, k.m), hint(prog, k.n), hint(prog, k.k), batch, k.a.dtype, options)
+    """The problem ``k`` is at the example sizes (sizes.example), as the config chooser and the tuner key it."""
+    batch = example(prog, prod(k.batch)) if k.batch else 1
+    return matmul_shape(example(prog, k.m), example(prog, k.n), example(prog, k.k), batch, k.a.dtype, options)
 
 
 def matmul(
