@@ -33,6 +33,8 @@ from aotc.errors import CompileError
 
 from . import kernel as K
 from .codegen import triton as tg
+from .codegen.triton.splitk import split_k
+from .memory import plan_memory
 from .options import BuildOptions, Target
 from .symbolic import to_size
 
@@ -344,6 +346,9 @@ def build_cuda_target(
         with tempfile.TemporaryDirectory(prefix="aotc-cubins-") as tmp:
             return build_cuda_target(prog, target, options, tmp)
     sm = target.sm
+    split = split_k(prog, sm, options)  # skinny long-K matmuls: K slices + a sum kernel (this target only)
+    if split is not prog:
+        prog = plan_memory(split)
     refs = {
         b.name: schema.Ref(group, i)
         for group, bufs in (("input", prog.inputs), ("output", prog.outputs), ("weight", prog.weights), ("arena", prog.arena))

@@ -221,3 +221,32 @@ def test_tiles_are_chosen_at_the_example_size_of_a_dynamic_dim() -> None:
     assert [s.example for s in plan.symbols] == [256]
     k = next(k for k in plan.kernels if isinstance(k, K.Matmul))
     assert matmul.shape(plan, k, BuildOptions(precision="bf16")) == Shape("matmul", "f16", 256, 768, 768)
+
+
+# ---- split-K -----------------------------------------------------------------------------------------
+
+
+def test_split_factor_only_for_skinny_long_k() -> None:
+    from aotc_build.codegen.triton.splitk import split_factor
+
+    assert split_factor(f16(64, 1024, 4096), 90) > 1  # the MLP's last layer at 64 rows: 32 tiles for 132 SMs
+    assert split_factor(f16(4096, 4096, 4096), 90) == 1
+    assert split_factor(f16(64, 1024, 4096, batch=12), 90) == 1
+    assert split_factor(f16(64, 1024, 4000), 90) == 1  # K not a multiple of the slices' 64-column steps
+    assert split_factor(Shape("conv", "f16", 64, 1024, 4096), 90) == 1
+    assert split_factor(f16(64, 1024, 4096), 75) == 1
+
+
+def test_cuda_target_splits_a_skinny_matmul(tmp_path: Path) -> None:
+    import torch
+    from aotc_build.build import compile_graph
+    from aotc_build.capture import capture_module
+
+    cap = capture_module(torch.nn.Linear(4096, 1024), (torch.randn(64, 4096),), precision="bf16")
+    _, plan, _ = compile_graph(cap)
+    assert sum(isinstance(k, K.Matmul) for k in plan.kernels) == 1
+    t, members = build_cuda_target(plan, SM90, BuildOptions(targets=(SM90,), precision="bf16"), tmp_path)
+    assert len(t.launches) == len(plan.kernels) + 1 and t.launches[-1].kernel.endswith("_sum")
+    assert any(s.name.endswith("_partials") for s in t.arena)
+    src = next(v for k, v in members.items() if k.endswith(".py") and "tile config" in v.decode()).decode()
+    assert "BLOCK_K" in src
