@@ -64,6 +64,8 @@ def collect(name: str, precision: str, sm: int, sms: int, device: str) -> tuple[
         from aotc_build.build import compile_graph
         from aotc_build.capture import capture_module
         from aotc_build.codegen.triton import index_is_i64
+        from aotc_build.codegen.triton.splitk import split_k
+        from aotc_build.memory import plan_memory
         from aotc_build.options import BuildOptions, Target
         from aotc_build.tune import jobs
 
@@ -71,6 +73,8 @@ def collect(name: str, precision: str, sm: int, sms: int, device: str) -> tuple[
         cap = capture_module(model, inputs, None, precision=precision, name=name)
         _, plan, _ = compile_graph(cap)
         opts = BuildOptions(targets=(Target("cuda", f"sm_{sm}"),), precision=precision, selftest=False)
+        split = split_k(plan, sm, opts)  # the kernels as the CUDA target builds them
+        plan = plan_memory(split) if split is not plan else plan
         return name, precision, jobs(plan, sm, opts, index_is_i64(plan), sms, device)
     except Exception as e:  # a model that does not capture (or a precision not built yet) is reported, not fatal
         return name, precision, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
