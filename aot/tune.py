@@ -20,6 +20,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -286,7 +287,7 @@ def find_device(sm: int, drv: Any = None) -> tuple[Any, Any] | str:
                 return drv, dev
         return f"no sm_{sm} GPU among the {drv.device_count()} visible"
     except AotcError as e:  # no driver, no device: the reason's first clause
-        return f"no usable GPU ({str(e).split(';', 1)[0]})"
+        return f"no usable GPU ({re.split(r' [(]|[:;]', str(e), maxsplit=1)[0]})"
 
 
 def tune_program(
