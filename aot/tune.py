@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from . import kernel as K
 from .codegen import triton as tg
 from .codegen.triton.configs import SM_COUNT, Config, Shape, candidates, choose
 from .codegen.triton.sizes import example
-from .cubin import Compiled, compile_kernel, sig_kind, triton_version
+from .cubin import Compiled, compile_many, sig_kind, triton_version
 from .options import BuildOptions
 
 TUNE_VERSION = 1
@@ -98,28 +96,10 @@ def jobs(prog: K.Program, sm: int, options: BuildOptions, index_i64: bool, sm_co
 def compile_all(
     js: Sequence[Job], sm: int, cache_dir: str | os.PathLike[str], fp_fusion: bool, workers: int | None = None
 ) -> dict[tuple[str, Config], Compiled | str]:
-    """Every candidate's cubin (or the reason it did not compile), through the cubin cache, in parallel
-    processes (Triton holds the GIL while it compiles, so threads would not help)."""
+    """Every candidate's cubin (or why it did not compile), through the cubin cache, in parallel processes."""
     work = [(j.key, c, tk) for j in js for c, tk in j.candidates]
-    workers = max(1, min(workers or os.cpu_count() or 1, len(work)))
-    out: dict[tuple[str, Config], Compiled | str] = {}
-    if workers == 1:
-        for key, c, tk in work:
-            out[key, c] = _compile_one(tk, sm, str(cache_dir), fp_fusion)
-        return out
-    ctx = multiprocessing.get_context("forkserver")  # no fork of a process holding a CUDA context
-    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futs = {(key, c): pool.submit(_compile_one, tk, sm, str(cache_dir), fp_fusion) for key, c, tk in work}
-        for kc, f in futs.items():
-            out[kc] = f.result()
-    return out
-
-
-def _compile_one(tk: tg.TritonKernel, sm: int, cache_dir: str, fp_fusion: bool) -> Compiled | str:
-    try:
-        return compile_kernel(tk, sm, cache_dir, fp_fusion)
-    except CompileError as e:
-        return str(e).splitlines()[0]
+    got = compile_many([tk for _, _, tk in work], sm, cache_dir, fp_fusion, workers)
+    return {(key, c): r for (key, c, _), r in zip(work, got, strict=True)}
 
 
 # ---- timing on the device ----------------------------------------------------------------------------
