@@ -189,6 +189,10 @@ def main() -> None:
         f"\nheuristic vs tuned: geomean {math.exp(sum(map(math.log, gaps)) / max(1, len(gaps))):.3f}x, "
         f"worst {max(gaps, default=float('nan')):.2f}x; summed kernel time {total_heur:.3f} vs {total_best:.3f} ms"
     )
+    for row in rows:
+        if row["models"] and all(m.startswith("mm4096.") for m in row["models"]):
+            vs = row.get("vs_torch", float("nan"))
+            print(f"4096^3 {row['precision']}: {row['tflops']} TFLOP/s ({row['best']}), {vs:.2f}x torch.mm's speed")
     print(f"times: collect {t_collect:.0f} s, compile {t_compile:.0f} s, bench {t_bench:.0f} s")
 
     entries = {}
