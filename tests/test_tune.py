@@ -67,6 +67,9 @@ def test_fp16_and_bf16_and_bf16_precision_choose_alike() -> None:
     assert configs.dot_mode(DType.bf16, fp32) == configs.dot_mode(DType.f16, fp32) == "f16"
     assert configs.dot_mode(DType.f32, BuildOptions(precision="bf16")) == "f16"
     assert configs.dot_mode(DType.f32, fp32) == "f32"
+    assert configs.dot_mode(DType.f32, BuildOptions(precision="tf32")) == "tf32"
+    for c in candidates(Shape("matmul", "tf32", 4096, 4096, 4096), 90):  # tensor-core tiles, 4-byte operands
+        assert c.block_m >= 64 and c.block_k == 32 and c.smem(4) <= configs.SMEM[90]
     assert configs.dot_mode(DType.f64, fp32) == "other"
     assert candidates(Shape("matmul", "other", 64, 64, 64), 90) == [Config(16, 16, 16, 4, 1)]
 

@@ -63,7 +63,8 @@ class Config:
 @dataclass(frozen=True)
 class Shape:
     """What a config choice depends on. ``mode``: "f16" (bf16 and fp16 alike: both are 2-byte tensor-core
-    types), "f32" (ieee fp32 on FMA units), or "other" (fp64/integers: the broadcast-sum fallback)."""
+    types), "tf32" (fp32 operands on tensor cores, ``--precision tf32``), "f32" (ieee fp32 on FMA units), or
+    "other" (fp64/integers: the broadcast-sum fallback)."""
 
     kind: str  # "matmul" | "conv"
     mode: str
@@ -85,6 +86,8 @@ def bucket(n: int) -> int:
 def dot_mode(dt: DType, options: BuildOptions) -> str:
     if dt in (DType.bf16, DType.f16) or (dt is DType.f32 and options.precision in ("bf16", "fp16")):
         return "f16"
+    if dt is DType.f32 and options.precision == "tf32":  # tensor cores on 4-byte operands
+        return "tf32"
     return "f32" if dt is DType.f32 else "other"
 
 
@@ -98,6 +101,7 @@ _F16 = (  # (bm, bn, bk, warps, stages): Triton's usual Hopper/Ampere winners, l
     (128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (64, 256, 64, 4, 4),
     (64, 128, 64, 4, 4), (64, 64, 64, 4, 4), (64, 32, 128, 4, 4), (32, 64, 128, 4, 4), (16, 64, 128, 4, 4),
 )  # fmt: skip
+_TF32 = tuple((bm, bn, 32, w, st) for bm, bn, _, w, st in _F16)  # the same tiles at half the K step: 4-byte operands
 _F32 = (
     (128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3), (64, 64, 32, 4, 3), (32, 64, 32, 4, 3),
     (64, 32, 32, 4, 3), (32, 32, 32, 4, 3),
@@ -110,12 +114,12 @@ def candidates(s: Shape, sm: int) -> list[Config]:
     if s.mode == "other" or sm < 80:
         return [_fallback(s, sm)]
     itemsize = 2 if s.mode == "f16" else 4
-    table = _F16 if s.mode == "f16" else _F32
+    table = {"f16": _F16, "tf32": _TF32}.get(s.mode, _F32)
     limit = SMEM.get(sm, 101376) - 4096  # headroom for the epilogue's layout conversion
     out: list[Config] = []
     for bm, bn, bk, w, st in table:
         bm2, bn2, bk2 = min(bm, _pow2_tile(s.m, bm)), min(bn, _pow2_tile(s.n, bn)), min(bk, _pow2_tile(s.k, bk))
-        if s.mode == "f16" and sm >= 90 and bm2 < 64 and s.m >= 64:
+        if s.mode != "f32" and sm >= 90 and bm2 < 64 and s.m >= 64:
             continue  # below 64 rows no wgmma: only worth it when M itself is that small
         c = Config(bm2, bn2, bk2, w if bm2 * bn2 >= 64 * 64 else 4, st)
         if c.smem(itemsize) <= limit and c not in out:
@@ -131,7 +135,7 @@ def _fallback(s: Shape, sm: int) -> Config:
     if s.mode == "f32":
         return Config(_pow2_tile(s.m, 64), _pow2_tile(s.n, 64), 32, 4, stages)
     bm, bn = _pow2_tile(s.m, 128), _pow2_tile(s.n, 128)
-    return Config(bm, bn, 64 if sm >= 80 else 32, 8 if bm * bn >= 128 * 128 else 4, stages)
+    return Config(bm, bn, 64 if sm >= 80 and s.mode == "f16" else 32, 8 if bm * bn >= 128 * 128 else 4, stages)
 
 
 # ---- the heuristic -----------------------------------------------------------------------------------
@@ -159,7 +163,7 @@ def estimate_ms(c: Config, s: Shape, sm: int, sms: int | None = None) -> float:
     """Modelled time of ``s`` with ``c``: waves of tiles at the tile's efficiency, or the memory floor."""
     sms = sms or SM_COUNT.get(sm, 108)
     tc, fma, hbm = PEAK.get(sm, PEAK[80] if sm < 90 else PEAK[90])
-    peak = (tc if s.mode == "f16" else fma) * 1e12  # flop/s per SM
+    peak = {"f16": tc, "tf32": tc / 2}.get(s.mode, fma) * 1e12  # flop/s per SM
     itemsize = 2 if s.mode == "f16" else 4
     tiles = math.ceil(s.m / c.block_m) * math.ceil(s.n / c.block_n) * s.batch
     per_sm = math.ceil(tiles / sms)  # tiles the busiest SM runs

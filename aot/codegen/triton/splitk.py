@@ -34,7 +34,7 @@ GAIN = 0.8  # split only when the model says it takes at most this fraction of t
 
 def split_factor(s: Shape, sm: int) -> int:
     """How many K slices ``s`` should run as on ``sm`` (1: none)."""
-    if s.kind != "matmul" or s.batch != 1 or s.mode not in ("f16", "f32") or sm < 80:
+    if s.kind != "matmul" or s.batch != 1 or s.mode not in ("f16", "tf32", "f32") or sm < 80:
         return 1
     sms = SM_COUNT.get(sm, 108)
     plain = estimate_ms(heuristic(s, sm), s, sm)
