@@ -209,6 +209,8 @@ def main() -> None:
     print(f"wrote {out}")
     if "write-table" in opts:
         path = ROOT / "aot" / "codegen" / "triton" / "tables" / f"sm_{sm}.json"
+        old = json.loads(path.read_text()).get("entries", {}) if path.is_file() else {}
+        doc["entries"] = {**old, **entries}  # runs over a few models or precisions at a time add up
         path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(f"wrote {path}")
 
