@@ -33,6 +33,8 @@ from aotc.errors import CompileError
 
 from . import kernel as K
 from .codegen import triton as tg
+from .codegen.triton.splitk import split_k
+from .memory import plan_memory
 from .options import BuildOptions, Target
 from .symbolic import to_size
 
@@ -178,14 +180,7 @@ def compile_source(
     extra = dict(sorted((extra_options or {}).items()))
     cache = Path(cache_dir)
     tv, pv = triton_version(), ptxas_version(sm)
-    key_doc = {
-        "v": CACHE_VERSION, "source": source, "fn": fn_name, "signature": dict(signature),
-        "constexprs": {k: constexprs[k] for k in sorted(constexprs)}, "sm": sm, "num_warps": num_warps,
-        "num_stages": num_stages, "fp_fusion": enable_fp_fusion, "aligned": list(aligned),
-        "extra": extra,
-        "triton": tv, "ptxas": pv,
-    }  # fmt: skip
-    key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()
+    key = _cache_key(source, fn_name, signature, constexprs, sm, num_warps, num_stages, enable_fp_fusion, aligned, extra)
     entry = cache / "cubin" / key[:2] / key
     hit = _read_cache(entry)
     if hit is not None:
@@ -257,6 +252,20 @@ def compile_source(
     return out
 
 
+def _cache_key(
+    source: str, fn_name: str, signature: Mapping[str, str], constexprs: Mapping[str, int | float | bool], sm: int,
+    num_warps: int, num_stages: int, enable_fp_fusion: bool, aligned: tuple[str, ...], extra: Mapping[str, Any],
+) -> str:  # fmt: skip
+    key_doc = {
+        "v": CACHE_VERSION, "source": source, "fn": fn_name, "signature": dict(signature),
+        "constexprs": {k: constexprs[k] for k in sorted(constexprs)}, "sm": sm, "num_warps": num_warps,
+        "num_stages": num_stages, "fp_fusion": enable_fp_fusion, "aligned": list(aligned),
+        "extra": dict(extra),
+        "triton": triton_version(), "ptxas": ptxas_version(sm),
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()
+
+
 def _read_cache(entry: Path) -> Compiled | None:
     try:
         meta = json.loads(entry.with_suffix(".json").read_text())
@@ -282,19 +291,53 @@ def _write_cache(entry: Path, c: Compiled) -> None:
 
 
 def compile_kernel(tk: tg.TritonKernel, sm: int, cache_dir: str | os.PathLike[str], enable_fp_fusion: bool = True) -> Compiled:
-    aligned = tuple(p.name for p in tk.params if p.sig.startswith("*"))
+    src, fn, sig, consts, warps, stages, aligned = _kernel_args(tk)
     return compile_source(
-        tk.source,
-        tk.name,
-        tk.signature(),
-        dict(tk.constexprs),
-        sm=sm,
-        cache_dir=cache_dir,
-        num_warps=tk.num_warps,
-        num_stages=tk.num_stages,
-        enable_fp_fusion=enable_fp_fusion,
-        aligned=aligned,
-    )
+        src, fn, sig, consts, sm=sm, cache_dir=cache_dir, num_warps=warps, num_stages=stages,
+        enable_fp_fusion=enable_fp_fusion, aligned=aligned,
+    )  # fmt: skip
+
+
+def _kernel_args(tk: tg.TritonKernel) -> tuple[str, str, dict[str, str], dict[str, int | float | bool], int, int, tuple[str, ...]]:
+    aligned = tuple(p.name for p in tk.params if p.sig.startswith("*"))
+    return tk.source, tk.name, tk.signature(), dict(tk.constexprs), tk.num_warps, tk.num_stages, aligned
+
+
+def cached_kernel(tk: tg.TritonKernel, sm: int, cache_dir: str | os.PathLike[str], enable_fp_fusion: bool = True) -> Compiled | None:
+    """``compile_kernel``'s result when the cubin cache has it, else None (Triton is not run)."""
+    src, fn, sig, consts, warps, stages, aligned = _kernel_args(tk)
+    key = _cache_key(src, fn, sig, consts, sm, warps, stages, enable_fp_fusion, aligned, {})
+    return _read_cache(Path(cache_dir) / "cubin" / key[:2] / key)
+
+
+def compile_many(
+    tks: list[tg.TritonKernel], sm: int, cache_dir: str | os.PathLike[str], enable_fp_fusion: bool = True, workers: int | None = None
+) -> list[Compiled | str]:
+    """``compile_kernel`` for each kernel (a CompileError's message where one fails); cache misses compile in
+    parallel processes (Triton holds the GIL while it compiles, so threads would not help)."""
+    out: list[Compiled | str | None] = [cached_kernel(tk, sm, cache_dir, enable_fp_fusion) for tk in tks]
+    misses = [i for i, c in enumerate(out) if c is None]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(misses)))
+    if workers == 1:
+        for i in misses:
+            out[i] = _compile_or_message(tks[i], sm, str(cache_dir), enable_fp_fusion)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold a CUDA context
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            futs = {i: pool.submit(_compile_or_message, tks[i], sm, str(cache_dir), enable_fp_fusion) for i in misses}
+            for i, f in futs.items():
+                out[i] = f.result()
+    return [c if c is not None else "not compiled" for c in out]
+
+
+def _compile_or_message(tk: tg.TritonKernel, sm: int, cache_dir: str, enable_fp_fusion: bool) -> Compiled | str:
+    try:
+        return compile_kernel(tk, sm, cache_dir, enable_fp_fusion)
+    except CompileError as e:
+        return str(e)
 
 
 def sig_kind(sig: str) -> str:
@@ -344,6 +387,9 @@ def build_cuda_target(
         with tempfile.TemporaryDirectory(prefix="aotc-cubins-") as tmp:
             return build_cuda_target(prog, target, options, tmp)
     sm = target.sm
+    split = split_k(prog, sm, options)  # skinny long-K matmuls: K slices + a sum kernel (this target only)
+    if split is not prog:
+        prog = plan_memory(split)
     refs = {
         b.name: schema.Ref(group, i)
         for group, bufs in (("input", prog.inputs), ("output", prog.outputs), ("weight", prog.weights), ("arena", prog.arena))
@@ -356,15 +402,25 @@ def build_cuda_target(
     members: dict[str, bytes] = {}
     versions: set[str] = set()
     index_i64 = tg.index_is_i64(prog)  # a property of the whole program; ~0.04 s a kernel to recompute
+    tuned: dict[str, tg.Config] = {}
+    if options.tune:
+        from .tune import tune_program
+
+        tuned = tune_program(prog, sm, options, cache_dir, index_i64)
+    generated = []
     for k in prog.kernels:
         name = kernel_name(k.name, taken)
-        k_named = _renamed(k, name)
-        tk = tg.generate(prog, k_named, options, sm, index_i64)
-        body = tk.source.replace(f"def {name}(", "def __kernel__(", 1)
+        tk = tg.generate(prog, _renamed(k, name), options, sm, index_i64, tuned.get(k.name))
+        generated.append((name, tk, tk.source.replace(f"def {name}(", "def __kernel__(", 1)))
+    firsts = {body: tk for _, tk, body in reversed(generated)}  # each body's first kernel compiles it
+    done = dict(zip(firsts, compile_many(list(firsts.values()), sm, cache_dir, options.cuda_fp_fusion), strict=True))
+    for name, tk, body in generated:
         kinds = [sig_kind(p.sig) for p in tk.params]
         pk = by_body.get(body)
         if pk is None:
-            c = compile_kernel(tk, sm, cache_dir, options.cuda_fp_fusion)
+            c = done[body]
+            if isinstance(c, str):
+                raise CompileError(c)
             versions.add(c.ptxas_version)
             member, source = f"cuda/{target.arch}/{name}.cubin", f"cuda/{target.arch}/{name}.py"
             members[member] = c.cubin

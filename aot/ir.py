@@ -278,6 +278,7 @@ class Symbol:
     label: str  # the name the user gave (torch.export.Dim name)
     min: int
     max: int | None
+    example: int | None = None  # its value in the example inputs: the size tile configs are chosen for
 
 
 @dataclass(frozen=True, eq=False)

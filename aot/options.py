@@ -69,6 +69,7 @@ class BuildOptions:
     selftest: bool = True
     opt_level: str = "-O3"
     cuda_fp_fusion: bool = True  # let Triton contract a*b+c into FMA (False: bit-closer to eager)
+    tune: bool = False  # benchmark tile configs on a GPU of the target's SM and cache the winners (aot/tune.py)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -70,6 +70,7 @@ def cli() -> None:
     help="bf16/fp16: the model in that type, fp32 accumulation; tf32: fp32 with TF32 GPU matmuls (opt-in).",
 )
 @click.option("--no-selftest", is_flag=True, help="Do not store example inputs and eager outputs.")
+@click.option("--tune", is_flag=True, help="Benchmark matmul/conv tile configs on this machine's GPU (cached).")
 def build(
     *,
     model: Path,
@@ -80,6 +81,7 @@ def build(
     dynamic: tuple[str, ...],
     precision: str,
     no_selftest: bool,
+    tune: bool,
 ) -> None:
     """Build MODEL.py into a package (needs the builder: pip install 'aotc[build]')."""
     with _errors():
@@ -93,7 +95,7 @@ def build(
             if (e.name or "").split(".")[0] not in _BUILD_DEPS and e.name != "aotc_build.build":
                 raise
             raise UsageError(f"`aotc build` needs the builder and torch ({e}): pip install 'aotc[build]'") from None
-        kwargs: dict[str, Any] = {"precision": precision, "dynamic": dynamic, "selftest": not no_selftest}
+        kwargs: dict[str, Any] = {"precision": precision, "dynamic": dynamic, "selftest": not no_selftest, "tune": tune}
         names = [t for group in targets for t in group.split(",") if t.strip()]
         if names:
             kwargs["targets"] = tuple(parse_target(t) for t in names)

@@ -40,6 +40,7 @@ class FakeLib:
     ffi: Any
     params: dict[str, list[str]] = field(default_factory=dict)  # kernel → kinds of its PTX params
     on_launch: Callable[[Launch], None] | None = None
+    cost_ms: Callable[[Launch], float] = lambda launch: 0.01  # what a launch "takes" between two events
     cc: tuple[int, int] = (9, 0)
     version: int = 13000
     fail: dict[str, int] = field(default_factory=dict)  # call name → CUresult to return
@@ -52,10 +53,10 @@ class FakeLib:
         self.funcs: dict[int, str] = {}
         self.capturing: list[Launch] | None = None
         self.graphs: dict[int, list[Launch]] = {}
-        self.events: dict[int, int] = {}
         self.calls: list[str] = []
         self._strings: list[Any] = []
         self._next = 0x1000
+        self.events: dict[int, int] = {}  # event -> launches recorded when it was
 
     def _handle(self, typ: str) -> Any:
         self._next += 16
@@ -195,7 +196,7 @@ class FakeLib:
 
     def _launch(self, f: Any, grid: tuple[int, int, int], *, block: int, shared: int, argv: Any, ex: bool) -> int:
         name = self.funcs[self._addr(f)]
-        kinds = self.params[name]
+        kinds = self.params.get(name, [])
         argp = self.ffi.cast("void **", argv)
         raw, args = b"", []
         for j, kind in enumerate(kinds):
@@ -245,7 +246,6 @@ class FakeLib:
             ex=True,
         )
 
-    # -- events: every launch "takes" 1 us of device time, so timings are predictable
     def cuEventCreate(self, p: Any, flags: int) -> int:
         p[0] = self._handle("CUevent")
         return 0
@@ -257,8 +257,9 @@ class FakeLib:
     def cuEventSynchronize(self, e: Any) -> int:
         return 0
 
-    def cuEventElapsedTime(self, p: Any, a: Any, b: Any) -> int:
-        p[0] = 1e-3 * (self.events[self._addr(b)] - self.events[self._addr(a)])
+    def cuEventElapsedTime(self, p: Any, start: Any, end: Any) -> int:
+        a, b = self.events[self._addr(start)], self.events[self._addr(end)]
+        p[0] = sum(self.cost_ms(x) for x in self.launches[a:b])
         return 0
 
     def cuEventDestroy_v2(self, e: Any) -> int:

@@ -97,6 +97,13 @@ def _unique(name: str, used: set[str]) -> str:
 def _symbols(cap: Captured, inputs: list[Node]) -> list[Symbol]:
     ranges = cap.program.range_constraints
     found: dict[str, Symbol] = {}
+    examples = {  # each dynamic dim's value in the example inputs, which export keeps as the SymInt's hint
+        str(s.node.expr): int(s.node.hint)
+        for n in cap.program.graph.nodes
+        if n.op == "placeholder"
+        for s in getattr(n.meta.get("val"), "shape", ())
+        if isinstance(s, torch.SymInt) and s.node.hint is not None
+    }
     for node in inputs:
         assert isinstance(node.attr, InputAttr)
         for axis, d in enumerate(node.shape):
@@ -108,7 +115,7 @@ def _symbols(cap: Captured, inputs: list[Node]) -> list[Symbol]:
                 # the user's declared range wins: an export retried with Dim.AUTO reports min 2 for min=1 dims
                 label, declared_lo, declared_hi = cap.dims.get((node.attr.name, axis), (f"{node.attr.name}.shape[{axis}]", lo, hi))
                 lo, hi = declared_lo, hi if declared_hi is None else declared_hi
-                found[d.name] = Symbol(d.name, label, max(lo, 0), hi)
+                found[d.name] = Symbol(d.name, label, max(lo, 0), hi, examples.get(d.name))
     for node in inputs:
         for d in node.shape:
             if not isinstance(d, int):

@@ -272,9 +272,9 @@ def layer_norm() -> Case:
     return Case("layer_norm", prog, ref, [{"s0": 1}, {"s0": 33}], rtol=1e-4, atol=1e-5)
 
 
-def _linear(name: str, dt: DType, precision: str, *, tol: float) -> Case:
+def _linear(name: str, dt: DType, precision: str, *, tol: float, kd: int = 96) -> Case:
     """y = relu(x @ w + b): Matmul with a bias + relu epilogue."""
-    kd, nd = 96, 80
+    nd = 80
     x = buf("x", dt, (S0, kd), "input")
     w = buf("w", dt, (kd, nd), "weight")
     b = buf("b", dt, (nd,), "weight")
@@ -307,6 +307,19 @@ def linear_relu() -> Case:
 
 def linear_relu_bf16() -> Case:
     return _linear("linear_relu_bf16", DType.bf16, "bf16", tol=1e-2)
+
+
+def linear_split_k() -> Case:
+    """linear_relu with K = 512 split into 4 slices (the split-K rewrite of GPU targets): a batched Matmul
+    of partial sums into an arena workspace, then a Pointwise sum that runs the bias + relu epilogue."""
+    from aotc_build.codegen.triton.splitk import split_k
+    from aotc_build.memory import plan_memory
+    from aotc_build.options import BuildOptions
+
+    case = _linear("linear_split_k", F32, "fp32", tol=1e-4, kd=512)
+    split = split_k(case.prog, 90, BuildOptions(), decide=lambda s, sm: 4)
+    assert [type(k).__name__ for k in split.kernels] == ["Matmul", "Pointwise"]
+    return Case(case.name, plan_memory(split), case.ref, case.trials, case.rtol, case.atol)
 
 
 def batched_matmul() -> Case:
@@ -1080,7 +1093,7 @@ CPU_CASES: list[Callable[[], Case]] = [
 ]
 
 
-CASES: list[Callable[[], Case]] = GPU_CASES + CPU_CASES
+CASES: list[Callable[[], Case]] = [*GPU_CASES, *CPU_CASES, linear_split_k]
 
 
 def gpu_cases() -> list[Case]:

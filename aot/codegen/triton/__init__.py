@@ -18,11 +18,12 @@ from aotc.errors import CompileError
 from ... import kernel as K
 from ...options import BuildOptions
 from . import loops
+from .configs import Config, Shape
 from .sizes import index_is_i64
 from .templates import conv, matmul
 from .values import Param, TritonKernel
 
-__all__ = ["WRITERS", "Param", "TritonKernel", "generate", "index_is_i64"]
+__all__ = ["SHAPES", "WRITERS", "Config", "Param", "Shape", "TritonKernel", "generate", "index_is_i64"]
 
 # kernel class → writer(prog, kernel, index_i64, options, sm)
 WRITERS: dict[type, Callable[[K.Program, Any, bool, BuildOptions, int], TritonKernel]] = {
@@ -34,13 +35,28 @@ WRITERS: dict[type, Callable[[K.Program, Any, bool, BuildOptions, int], TritonKe
 }
 
 
-def generate(prog: K.Program, k: K.Kernel, options: BuildOptions, sm: int, index_i64: bool | None = None) -> TritonKernel:
+# kernel class → the problem shape its ``Config`` is chosen for; the writers of these take ``config=``
+SHAPES: dict[type, Callable[[K.Program, Any, BuildOptions], Shape]] = {
+    K.Matmul: matmul.shape,
+    K.Conv: conv.shape,
+}
+
+
+def generate(
+    prog: K.Program, k: K.Kernel, options: BuildOptions, sm: int, index_i64: bool | None = None, config: Config | None = None
+) -> TritonKernel:
     """The Triton module for one kernel of ``prog`` (for GPU ``sm``, which only shapes tile choice).
-    ``index_i64``: ``index_is_i64(prog)``, which callers generating every kernel compute once."""
+    ``index_i64``: ``index_is_i64(prog)``, which callers generating every kernel compute once.
+    ``config``: the tile config for a kernel kind in ``SHAPES`` (None: ``configs.choose`` picks)."""
     write = WRITERS.get(type(k))
     if write is None:
         raise CompileError(f"kernel {getattr(k, 'name', k)!r}: unknown kernel type {type(k).__name__}")
+    i64 = index_is_i64(prog) if index_i64 is None else index_i64
     try:
-        return write(prog, k, index_is_i64(prog) if index_i64 is None else index_i64, options, sm)
+        if config is not None:
+            if type(k) not in SHAPES:
+                raise CompileError(f"kernel {k.name!r}: a {type(k).__name__} takes no tile config")
+            return write(prog, k, i64, options, sm, config=config)  # type: ignore[call-arg]
+        return write(prog, k, i64, options, sm)
     except (KeyError, ValueError) as e:
         raise CompileError(f"Triton codegen for kernel {k.name!r} failed: {e}") from e

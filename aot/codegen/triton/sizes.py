@@ -42,6 +42,22 @@ def hint(prog: K.Program, e: sympy.Expr | int) -> int:
     return max(1, v if v is not None else 1024)
 
 
+def example(prog: K.Program, e: sympy.Expr | int) -> int:
+    """A size at the example inputs' values of the symbols (``hint`` for a symbol without one): what the
+    model was built to run at, so tile configs are chosen (and tuned) for it."""
+    e = sympy.sympify(e)
+    env = {}
+    for s in e.free_symbols:
+        sym = next((x for x in prog.symbols if x.name == str(s)), None)
+        if sym is None:
+            return hint(prog, e)
+        env[s] = sym.example if sym.example is not None else hint(prog, s)
+    try:
+        return max(1, int(e.subs(env)))
+    except (TypeError, ValueError):
+        return hint(prog, e)
+
+
 def index_is_i64(prog: K.Program) -> bool:
     """Index math in i64 unless every buffer provably has fewer than 2**31 elements."""
     for b in (*prog.inputs, *prog.outputs, *prog.weights, *prog.arena):

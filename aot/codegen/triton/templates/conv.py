@@ -9,12 +9,19 @@ from aotc.errors import CompileError
 
 from .... import kernel as K
 from ....options import BuildOptions
-from ..sizes import grid_size, hint
+from ..configs import Config, Shape, choose, conv_shape
+from ..sizes import example, grid_size
 from ..values import TL, XR, Gen, R, TritonKernel, X, next_pow2
-from .dot import acc_dtype, bind, dot_line, masks, tile_sizes
+from .dot import acc_dtype, bind, dot_line, masks
 
 
-def conv(prog: K.Program, k: K.Conv, index_i64: bool, options: BuildOptions, sm: int) -> TritonKernel:
+def shape(prog: K.Program, k: K.Conv, options: BuildOptions) -> Shape:
+    """The implicit GEMM ``k`` runs, at the example sizes (sizes.example), as the config chooser and the tuner key it."""
+    m = example(prog, sympy.sympify(k.batch) * k.out_hw[0] * k.out_hw[1])
+    return conv_shape(m, k.c_out // k.groups, k.c_in // k.groups * k.kernel[0] * k.kernel[1], k.groups, k.x.dtype, options)
+
+
+def conv(prog: K.Program, k: K.Conv, index_i64: bool, options: BuildOptions, sm: int, config: Config | None = None) -> TritonKernel:
     g = Gen(prog, index_i64, ("BLOCK_M", "BLOCK_N"))
     if k.x.dtype is not k.w.dtype:
         raise CompileError(f"conv {k.name!r}: operand types differ ({k.x.dtype.value}, {k.w.dtype.value})")
@@ -25,9 +32,11 @@ def conv(prog: K.Program, k: K.Conv, index_i64: bool, options: BuildOptions, sm:
     ktot = cpg * kh * kw
     oh_e, ow_e = k.out_hw
     m_e = sympy.sympify(k.batch) * oh_e * ow_e
-    bm, bn, bk, warps, stages = tile_sizes(hint(prog, m_e), opg, k.x.dtype, sm, options)
+    cfg, why = (config, "tuned") if config is not None else choose(shape(prog, k, options), sm)
+    bm, bn, bk, warps, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages
     bk = min(bk, max(16, next_pow2(ktot)))
     w = g.w
+    w.line(f"# tile config: {cfg} ({why}, sm_{sm})")
     m, _ = g.index(m_e)
     oh, _ = g.index(oh_e)
     ow, _ = g.index(ow_e)

@@ -1,4 +1,4 @@
-"""What the ``tl.dot`` templates share: accumulator types, the dot line, tile heuristics, and binding the
+"""What the ``tl.dot`` templates share: accumulator types, the dot line, and binding the
 output tile's indices and masks so that epilogues print through ``Gen`` like pointwise kernels.
 
 Note: fp32 operands use ``input_precision="ieee"`` (no TF32) unless the build asks for bf16/fp16, which round
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ....ir import DType
 from ....options import BuildOptions
-from ..values import XR, Gen, R, X, next_pow2
+from ..configs import Shape, choose, dot_mode
+from ..values import XR, Gen, R, X
 
 DOT_TYPES = (DType.f32, DType.f16, DType.bf16)
 
@@ -37,22 +38,13 @@ def dot_line(a: str, b: str, dt: DType, options: BuildOptions) -> str:
     return f"acc = acc + tl.sum({a}[:, :, None].to(acc.dtype) * {b}[None, :, :].to(acc.dtype), axis=1)"
 
 
-def _tile(n: int, big: int) -> int:
-    return big if n >= big else max(16, next_pow2(n))
-
-
-def tile_sizes(m: int, n: int, dt: DType, sm: int, options: BuildOptions) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) from the operand sizes and type."""
-    stages = 3 if sm >= 80 else 2
-    if dt not in DOT_TYPES:
-        return 16, 16, 16, 4, 1
-    if dt is DType.f32 and options.precision in ("fp32",):  # ieee fp32 runs on FMA units: moderate tiles
-        bm, bn = _tile(m, 64), _tile(n, 64)
-        return bm, bn, 32, 4, stages
-    bm, bn = _tile(m, 128), _tile(n, 128)
-    bk = 64 if sm >= 80 else 32
-    warps = 8 if bm * bn >= 128 * 128 else 4
-    return bm, bn, bk, warps, stages
+def tile_sizes(
+    m: int, n: int, dt: DType, sm: int, options: BuildOptions, k: int = 1024
+) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for an (m x k) @ (k x n) problem: a thin wrapper
+    over ``configs.choose`` kept for templates not yet taking a ``Config``."""
+    c, _ = choose(Shape("matmul", dot_mode(dt, options), m, n, k), sm)
+    return c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages
 
 
 def bind(g: Gen, name: str, code: str, axes: frozenset[str]) -> None:

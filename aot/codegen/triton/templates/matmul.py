@@ -1,5 +1,6 @@
 """The Matmul template: C[b..., m, n] = A @ B tiled over (BLOCK_M, BLOCK_N) with grouped tile order, the
-kernel's stores as its epilogue.
+kernel's stores as its epilogue. The tile ``Config`` comes from the caller (``--tune``) or ``configs.choose``;
+it is printed as the function's first line so ``aotc inspect`` and reviewers see what ran.
 """
 
 from __future__ import annotations
@@ -9,20 +10,31 @@ from aotc.errors import CompileError
 
 from .... import kernel as K
 from ....options import BuildOptions
-from ..sizes import grid_size, hint, prod
+from ..configs import Config, Shape, choose, matmul_shape
+from ..sizes import example, grid_size, prod
 from ..values import NO_AXES, TL, XR, Gen, R, TritonKernel, X
-from .dot import acc_dtype, bind, dot_line, masks, tile_sizes
+from .dot import acc_dtype, bind, dot_line, masks
 
 
-def matmul(prog: K.Program, k: K.Matmul, index_i64: bool, options: BuildOptions, sm: int) -> TritonKernel:
+def shape(prog: K.Program, k: K.Matmul, options: BuildOptions) -> Shape:
+    """The problem ``k`` is at the example sizes (sizes.example), as the config chooser and the tuner key it."""
+    batch = example(prog, prod(k.batch)) if k.batch else 1
+    return matmul_shape(example(prog, k.m), example(prog, k.n), example(prog, k.k), batch, k.a.dtype, options)
+
+
+def matmul(
+    prog: K.Program, k: K.Matmul, index_i64: bool, options: BuildOptions, sm: int, config: Config | None = None
+) -> TritonKernel:
     g = Gen(prog, index_i64, ("BLOCK_M", "BLOCK_N"))
     if k.a.dtype is not k.b.dtype:
         raise CompileError(f"matmul {k.name!r}: operand types differ ({k.a.dtype.value}, {k.b.dtype.value})")
-    bm, bn, bk, warps, stages = tile_sizes(hint(prog, k.m), hint(prog, k.n), k.a.dtype, sm, options)
+    cfg, why = (config, "tuned") if config is not None else choose(shape(prog, k, options), sm)
+    bm, bn, bk, warps, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages
     m, _ = g.index(k.m)
     n, _ = g.index(k.n)
     kk, _ = g.index(k.k)
     w = g.w
+    w.line(f"# tile config: {cfg} ({why}, sm_{sm})")
     w.line(f"pid = {g.pid()}")
     w.line(f"tiles_m = ({m} + BLOCK_M - 1) // BLOCK_M")
     w.line(f"tiles_n = ({n} + BLOCK_N - 1) // BLOCK_N")
@@ -61,5 +73,5 @@ def matmul(prog: K.Program, k: K.Matmul, index_i64: bool, options: BuildOptions,
     for st in k.stores:
         g.store(st, "omask")
     tiles = prod((sympy.ceiling(sympy.sympify(k.m) / bm), sympy.ceiling(sympy.sympify(k.n) / bn), *k.batch))
-    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg.group_m}
     return g.finish(k.name, w, consts, (grid_size(tiles), 1, 1), num_warps=warps, num_stages=stages)
