@@ -10,13 +10,18 @@ from collections.abc import Callable
 
 from ..ir import Graph
 from .fold import dce, fold_constants, fold_conv_scale
+from .layout import channels_last_nodes, conv_weights_channels_last
 from .rewrite import rewrite
 
 Pass = Callable[[Graph], Graph]
 
-__all__ = ["PIPELINE", "Pass", "dce", "fold_constants", "fold_conv_scale", "rewrite", "run_pipeline"]
+__all__ = [
+    "PIPELINE", "Pass", "channels_last_nodes", "conv_weights_channels_last", "dce", "fold_constants",
+    "fold_conv_scale", "rewrite", "run_pipeline",
+]  # fmt: skip
 
-PIPELINE: list[Pass] = [dce, fold_constants, fold_conv_scale, fold_constants]
+# the layout pass comes last: constant folding would fold its weight permutes back
+PIPELINE: list[Pass] = [dce, fold_constants, fold_conv_scale, fold_constants, conv_weights_channels_last]
 
 
 def run_pipeline(g: Graph, check: Callable[[Graph, str], None] | None = None) -> Graph:
