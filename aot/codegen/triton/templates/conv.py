@@ -40,6 +40,7 @@ def conv(prog: K.Program, k: K.Conv, index_i64: bool, options: BuildOptions, sm:
     oh_e, ow_e = k.out_hw
     m_e = sympy.sympify(k.batch) * oh_e * ow_e
     bm, bn, bk, warps, stages = tile_sizes(hint(prog, m_e), opg, k.x.dtype, sm, options)
+    bm, bn, warps = _fill(hint(prog, m_e) * k.groups, opg, bm, bn, warps)
     w = g.w
     m, _ = g.index(m_e)
     oh, _ = g.index(oh_e)
@@ -74,6 +75,18 @@ def conv(prog: K.Program, k: K.Conv, index_i64: bool, options: BuildOptions, sm:
     tiles = sympy.ceiling(m_e / bm) * (-(-opg // bn)) * k.groups
     consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
     return g.finish(k.name, w, consts, (grid_size(tiles), 1, 1), num_warps=warps, num_stages=stages)
+
+
+def _fill(m: int, n: int, bm: int, bn: int, warps: int, ctas: int = 128) -> tuple[int, int, int]:
+    """Smaller tiles while the grid has fewer tiles than a GPU has SMs: the late layers of a CNN at a small
+    batch (7x7 or 14x14 pixels) would otherwise run a few dozen CTAs with long reductions."""
+    tiles = lambda: -(-m // bm) * -(-n // bn)  # noqa: E731
+    while tiles() < ctas and max(bm, bn) > 64:
+        if bm >= bn:
+            bm //= 2
+        else:
+            bn //= 2
+    return bm, bn, min(warps, 8 if bm * bn >= 128 * 128 else 4)
 
 
 def _operands(g: Gen, k: K.Conv, batch: str) -> tuple[str, str, str, str, list[str], list[str]]:
