@@ -2,7 +2,7 @@
 bf16 and fp32) against eager torch (cudnn.benchmark, channels_last), in one process, and the time of every
 kernel of each package launched alone, so the slow convs show.
 
-    python benchmarks/conv_gpu.py OUT.json [--dir DIR] [--only NAME,...] [--no-resnet]
+    python benchmarks/conv_gpu.py OUT.json [--dir DIR] [--only NAME,...] [--no-resnet] [--compile]
 
 Step 1 builds every package in subprocesses with the GPU hidden (``CUDA_VISIBLE_DEVICES=``: cross-compiled
 cubins, exactly as on a build machine; ``--build-one`` is that subprocess). Step 2, in this process: eager
@@ -75,13 +75,31 @@ def _model(name: str) -> tuple[Any, tuple[int, ...]]:
         import torchvision
 
         return torchvision.models.resnet50().eval(), (BATCH, 3, 224, 224)
-    make, shape = _blocks()[name]
-    m = make().eval()
+    make, (n, c, h, w) = _blocks()[name]
+    m = _FromNHWC(make()).eval()
     for mod in m.modules():  # non-trivial batch-norm statistics, so the folded scales are exercised
         if isinstance(mod, torch.nn.BatchNorm2d):
             mod.running_mean.uniform_(-0.2, 0.2)
             mod.running_var.uniform_(0.5, 1.5)
-    return m, shape
+    return m, (n, h, w, c)
+
+
+class _FromNHWC:
+    """A block fed an [N, H, W, C] tensor (permuted to NCHW as a view): inside a network a block's input is
+    the previous conv's channels-last buffer, and a package's own input is NCHW as the user passes it."""
+
+    def __new__(cls, body: Any) -> Any:
+        import torch
+
+        class FromNHWC(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.body = body
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.body(x.permute(0, 3, 1, 2))
+
+        return FromNHWC()
 
 
 def _input(shape: tuple[int, ...]) -> Any:
@@ -189,7 +207,25 @@ def _time_kernels(ex: Any, calls: int = 50) -> dict[str, float]:
     return out
 
 
-def time_all(out: Path, names: list[str]) -> list[dict[str, Any]]:
+def _compiled_ms(tm: Any, tx: Any) -> float | None:
+    """torch.compile(mode="reduce-overhead") on the same module (about a minute to compile)."""
+    import torch
+
+    try:
+        compiled = torch.compile(tm, mode="reduce-overhead")
+
+        def call() -> None:
+            with torch.no_grad():
+                compiled(tx)
+            torch.cuda.synchronize()
+
+        return round(median_ms(call, repeats=5, warmup=5), 4)
+    except Exception as e:  # a benchmark row, not a failure of the run
+        print("torch.compile failed:", type(e).__name__, str(e)[:200], flush=True)
+        return None
+
+
+def time_all(out: Path, names: list[str], compile_too: bool = False) -> list[dict[str, Any]]:
     import aotc
     import torch
 
@@ -207,7 +243,8 @@ def time_all(out: Path, names: list[str]) -> list[dict[str, Any]]:
             model, shape = _model(name)
             x = _input(shape)
             tm = model.to("cuda", dt).to(memory_format=torch.channels_last)
-            tx = x.to("cuda", dt).contiguous(memory_format=torch.channels_last)
+            tx = x.to("cuda", dt)  # blocks: [N, H, W, C], a channels_last view inside
+            tx = tx.contiguous(memory_format=torch.channels_last) if name == "resnet50" else tx
             with torch.no_grad():
                 want = tm(tx).float()
 
@@ -217,14 +254,15 @@ def time_all(out: Path, names: list[str]) -> list[dict[str, Any]]:
                 torch.cuda.synchronize()
 
             torch_ms = median_ms(eager, repeats=5, warmup=5)
+            compiled_ms = _compiled_ms(tm, tx) if compile_too and name == "resnet50" else None
             m = aotc.load(pkg, device="cuda")
             ex = m.executor
-            dx = _DLPack(x.to("cuda", dt).contiguous())  # the package takes NCHW, as the user's model does
+            dx = _DLPack(x.to("cuda", dt).contiguous())  # the package takes what the module takes (resnet50: NCHW)
             got = np.asarray(ex.run([dx], {})[0]).astype(np.float32)
             ref = want.cpu().numpy()
             err = float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-6))
             graph_ms = median_ms(lambda ex=ex, dx=dx: ex.run([dx], {}, device_outputs=True, graph=True), repeats=5, warmup=5)
-            plain_ms = median_ms(lambda ex=ex, dx=dx: ex.run([dx], {}, device_outputs=True, graph=False), repeats=5, warmup=3)
+            plain_ms = median_ms(lambda ex=ex, dx=dx: ex.run([dx], {}, device_outputs=True, graph=False), repeats=3, warmup=3)
             per = _time_kernels(ex)
             info = json.loads((out / f"{name}.{precision}.kernels.json").read_text())["kernels"]
             kernels = []
@@ -232,10 +270,13 @@ def time_all(out: Path, names: list[str]) -> list[dict[str, Any]]:
                 d = info.get(kname, {})
                 tflops = d["flop"] / (ms * 1e-3) / 1e12 if d.get("flop") else None
                 kernels.append({"kernel": kname, "ms": round(ms, 4), **d, "tflops": tflops and round(tflops, 1)})
-            row = {"model": name, "precision": precision, "torch_ms": round(torch_ms, 4), "aotc_graph_ms": round(graph_ms, 4),
+            row = {"model": name, "precision": precision, "torch_ms": round(torch_ms, 4), "torch_compiled_ms": compiled_ms,
+                   "aotc_graph_ms": round(graph_ms, 4),
                    "aotc_plain_ms": round(plain_ms, 4), "ratio": round(graph_ms / torch_ms, 2), "max_rel_err": err,
                    "ok": err < (2e-2 if precision == "bf16" else 1e-3), "kernels": kernels}  # fmt: skip
             rows.append(row)
+            if compiled_ms is not None:
+                print(f"{name:20s} {precision:5s} torch.compile(reduce-overhead) {compiled_ms:8.3f} ms", flush=True)
             print(f"{name:20s} {precision:5s} torch {torch_ms:8.3f} ms  aotc {graph_ms:8.3f} ms (plain {plain_ms:.3f})"
                   f"  x{graph_ms / torch_ms:5.2f}  err {err:.1e}{'' if row['ok'] else '  MISMATCH'}", flush=True)  # fmt: skip
             slow = sorted(kernels, key=lambda r: -r["ms"])[: 12 if name == "resnet50" else 4]
@@ -254,6 +295,7 @@ def main() -> None:
     ap.add_argument("--dir", default=str(ROOT / ".aotc-cache" / "conv-gpu"))
     ap.add_argument("--only", default="")
     ap.add_argument("--no-resnet", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile(reduce-overhead) on resnet50")
     ap.add_argument("--build-one", nargs=2, metavar=("NAME", "PRECISION"))
     a = ap.parse_args()
     out = Path(a.dir)
@@ -264,7 +306,7 @@ def main() -> None:
     t0 = time.perf_counter()
     build_all(out, names)
     print(f"built in {time.perf_counter() - t0:.0f} s", flush=True)
-    rows = time_all(out, names)
+    rows = time_all(out, names, a.compile)
     import torch
     from aotc import cuda
 
