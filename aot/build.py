@@ -62,8 +62,11 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
-def compile_graph(cap: Captured, seconds: dict[str, float] | None = None) -> tuple[Graph, K.Plan, list[str]]:
-    """Everything up to the target-independent kernel program (``seconds`` collects stage times)."""
+def compile_graph(
+    cap: Captured, seconds: dict[str, float] | None = None, channels_last: bool = False
+) -> tuple[Graph, K.Plan, list[str]]:
+    """Everything up to the kernel program (``seconds`` collects stage times). ``channels_last``: activations
+    between convolutions stored NHWC, what the GPU conv kernels want (``passes/layout.py``)."""
     seconds = {} if seconds is None else seconds
     with _stage(seconds, "lower"):
         graph = lower_program(cap)
@@ -71,7 +74,7 @@ def compile_graph(cap: Captured, seconds: dict[str, float] | None = None) -> tup
     with _stage(seconds, "passes"):
         graph = run_pipeline(graph, verify)
     with _stage(seconds, "fuse"):
-        prog, fusion_log = fuse(graph)
+        prog, fusion_log = fuse(graph, channels_last)
         plan = plan_memory(prog)
     return graph, plan, fusion_log
 
@@ -161,7 +164,10 @@ def build_captured(
 ) -> BuildReport:
     cache_dir = cache_dir or default_cache_dir()
     seconds = {} if seconds is None else seconds
-    graph, prog, fusion_log = compile_graph(cap, seconds)
+    # Note: one program serves every target. NHWC activations are what the GPU's conv kernels want; the C++
+    # convs read any strides but are fastest over NCHW, so a CPU-only build keeps NCHW.
+    channels_last = any(t.kind == "cuda" for t in options.targets)
+    graph, prog, fusion_log = compile_graph(cap, seconds, channels_last)
     for line in fusion_log:
         log.info("fusion: %s", line)
 

@@ -41,6 +41,7 @@ from .ir import (
     WeightAttr,
     dims_equal,
 )
+from .passes.layout import NHWC, channels_last_nodes
 
 __all__ = ["Fusion", "Realize", "contiguous_strides", "fuse", "reshape_index", "view_strides"]
 
@@ -262,8 +263,11 @@ class _Build:
 
 
 class Fusion:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, channels_last: bool = False) -> None:
         self.graph = graph
+        # realized activations stored NHWC (passes/layout.py says why this lives on buffers, not in the graph)
+        self.layout = channels_last_nodes(graph) if channels_last else frozenset()
+        self.order: dict[Node, tuple[int, ...]] = {}
         self.ids = graph.ids()  # node numbers name kernels and buffers: same graph, same package bytes
         self.users = graph.users()
         self.realized: dict[Node, str] = {}
@@ -284,7 +288,32 @@ class Fusion:
     def _realize(self, n: Node, name: str, kind: str) -> None:
         self.realized[n] = name
         self.buffers[n] = K.Buffer(name, n.dtype, n.shape, kind)
+        if kind == "arena" and n in self.layout:
+            self.order[n] = NHWC
         self._strided.clear()
+
+    def strides(self, n: Node) -> tuple[sympy.Expr, ...]:
+        """A realized node's strides in logical (NCHW) order: row-major, or row-major over its storage order."""
+        perm = self.order.get(n)
+        if perm is None:
+            return contiguous_strides(n.shape)
+        st = contiguous_strides(tuple(n.shape[p] for p in perm))
+        out = [sympy.Integer(0)] * len(perm)
+        for k, p in enumerate(perm):
+            out[p] = st[k]
+        return tuple(out)
+
+    def store_index(self, n: Node, idx: tuple[sympy.Expr, ...]) -> sympy.Expr:
+        return sympy.Add(*(i * s for i, s in zip(idx, self.strides(n), strict=True)))
+
+    def loop_order(self, n: Node, vars_: tuple[sympy.Symbol, ...]) -> tuple[tuple[sympy.Symbol, ...], tuple[Dim, ...]]:
+        """(the logical index, the loop ranges) for loop variables ``vars_`` over a root: loops run in its
+        storage order, so a channels-last root's stores (and its NHWC reads) are contiguous along the last loop."""
+        perm = self.order.get(n, tuple(range(len(vars_))))
+        idx: list[sympy.Symbol] = list(vars_)
+        for k, p in enumerate(perm):
+            idx[p] = vars_[k]
+        return tuple(idx), tuple(n.shape[p] for p in perm)
 
     def realize(self, n: Node, reason: str) -> None:
         assert n not in self.realized, n
@@ -296,7 +325,7 @@ class Fusion:
             return self._strided[n]
         out: tuple | None = None
         if n in self.realized:
-            out = (self.realized[n], sympy.Integer(0), contiguous_strides(n.shape))
+            out = (self.realized[n], sympy.Integer(0), self.strides(n))
         elif n.op in Family.VIEW:
             src = self.strided(n.inputs[0])
             if src is not None:
@@ -346,9 +375,10 @@ class Fusion:
         if reds:
             return self._reduce(n, reds[0], name)
         vars_ = K.loop_vars("i", len(n.shape))
-        b = _Build(self, n, dict(zip(vars_, n.shape, strict=True)))
-        store = K.Store(self.realized[n], flat_index(vars_, n.shape), b.value(n, vars_))
-        return K.Pointwise(name, tuple(sympy.sympify(d) for d in n.shape), (store,)), b.region
+        idx, ranges = self.loop_order(n, vars_)
+        b = _Build(self, n, dict(zip(vars_, ranges, strict=True)))
+        store = K.Store(self.realized[n], self.store_index(n, idx), b.value(n, idx))
+        return K.Pointwise(name, tuple(sympy.sympify(d) for d in ranges), (store,)), b.region
 
     def _region_kinds(self, root: Node) -> tuple[list[Node], list[Node]]:
         libs, reds, seen = [], [], set()
@@ -386,7 +416,7 @@ class Fusion:
                 target = base if base is not x and base not in self.realized else x
                 raise Realize(target, f"{lib.op.name} reads its operands from memory")
             ops.append(v)
-        store = K.Store(self.realized[root], flat_index(vars_, root.shape), b.value(root, vars_))
+        store = K.Store(self.realized[root], self.store_index(root, vars_), b.value(root, vars_))
         b.region.add(lib)
         if lib.op is Op.MATMUL:
             nb = len(lib.shape) - 2
@@ -426,7 +456,7 @@ class Fusion:
             outer = root.shape
             vars_ = K.loop_vars("i", len(outer))
             b = _Build(self, root, dict(zip((*vars_, *rvars), (*outer, *sizes), strict=True)), rvars, sizes)
-            store_idx, val_idx = flat_index(vars_, outer), vars_
+            store_idx, val_idx = self.store_index(root, vars_), vars_
         elif trailing and len(root.shape) >= k and all(
             dims_equal(a, s) for a, s in zip(root.shape[-k:], sizes, strict=True)
         ):  # the root has the rows' shape: reductions, then a second pass over each row
@@ -434,7 +464,7 @@ class Fusion:
             vars_ = K.loop_vars("i", len(outer))
             b = _Build(self, root, dict(zip((*vars_, *rvars), (*outer, *sizes), strict=True)), rvars, sizes)
             val_idx = (*vars_, *rvars)
-            store_idx = flat_index(val_idx, root.shape)
+            store_idx = self.store_index(root, val_idx)
         else:
             raise Realize(red, "its result is broadcast into a shape the kernel cannot loop over")
         store = K.Store(self.realized[root], store_idx, b.value(root, val_idx))
@@ -449,13 +479,14 @@ class Fusion:
         a = root.attr
         assert isinstance(a, PoolAttr)
         x = root.inputs[0]
-        vars_ = K.loop_vars("i", 4)
+        loop_vars = K.loop_vars("i", 4)
+        vars_, shape = self.loop_order(root, loop_vars)
         r = K.loop_vars("r", 2)
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = a.kernel, a.stride, a.padding, a.dilation
         h0, w0 = vars_[2] * sh - ph, vars_[3] * sw - pw
         ih, iw = h0 + r[0] * dh, w0 + r[1] * dw
         H, W = x.shape[2], x.shape[3]
-        ranges = dict(zip((*vars_, *r), (*root.shape, kh, kw), strict=True))
+        ranges = dict(zip((*loop_vars, *r), (*shape, kh, kw), strict=True))
         b = _Build(self, root, ranges, r, (kh, kw))
         mask = _and([_cmp(Op.GE, ih, 0), _cmp(Op.LT, ih, H), _cmp(Op.GE, iw, 0), _cmp(Op.LT, iw, W)])
         dt = root.dtype
@@ -477,9 +508,8 @@ class Fusion:
                 ww = sympy.Min(w0 + kw, W) - sympy.Max(w0, 0)
                 count = K.Unary(Op.CAST, K.Index(hh * ww), dt)
             value = K.Binary(Op.DIV, K.ReduceRef(0, dt), count, dt)
-        store = K.Store(self.realized[root], flat_index(vars_, root.shape), value)
-        shape = tuple(sympy.sympify(d) for d in root.shape)
-        return K.Reduce(name, shape, (sympy.Integer(kh), sympy.Integer(kw)), steps, (store,)), b.region
+        store = K.Store(self.realized[root], self.store_index(root, vars_), value)
+        return K.Reduce(name, tuple(sympy.sympify(d) for d in shape), (sympy.Integer(kh), sympy.Integer(kw)), steps, (store,)), b.region
 
     def _scan(self, root: Node, name: str) -> tuple[K.Kernel, set[Node]]:
         assert isinstance(root.attr, AxisAttr)
@@ -493,7 +523,7 @@ class Fusion:
         b.region.add(root)
         return K.Scan(
             name, tuple(sympy.sympify(d) for d in outer), sympy.sympify(root.shape[ax]), body, root.dtype,
-            (K.Store(self.realized[root], flat_index(full, root.shape), K.Prefix(root.dtype)),),
+            (K.Store(self.realized[root], self.store_index(root, full), K.Prefix(root.dtype)),),
         ), b.region  # fmt: skip
 
     def duplicable(self, n: Node, budget: int = 6) -> bool:
@@ -545,10 +575,11 @@ def _own_outputs(g: Graph) -> Graph:
     return Graph(nodes, g.inputs, outputs, g.weights, g.symbols)
 
 
-def fuse(graph: Graph) -> tuple[K.Program, list[str]]:
-    """The kernels in launch order over named buffers (arena not yet planned), and the fusion log."""
+def fuse(graph: Graph, channels_last: bool = False) -> tuple[K.Program, list[str]]:
+    """The kernels in launch order over named buffers (arena not yet planned), and the fusion log.
+    ``channels_last``: store the activations between convolutions NHWC (``passes/layout.py``)."""
     graph = _own_outputs(graph)
-    f = Fusion(graph)
+    f = Fusion(graph, channels_last)
     sched = f.schedule()
     kernels = []
     for t, (_, kern) in enumerate(sched):

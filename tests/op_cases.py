@@ -48,6 +48,41 @@ def _bn(c: int) -> nn.BatchNorm2d:
     return bn
 
 
+class Bottleneck(nn.Module):
+    """ResNet's bottleneck after a stem: conv-bn-relu, max-pool, 1x1 / 3x3 (strided) / 1x1, projected skip."""
+
+    def __init__(self, cin: int, mid: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, cin, 7, 2, 3, bias=False), _bn(cin), nn.ReLU(), nn.MaxPool2d(3, 1, 1))
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), _bn(mid), nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), _bn(mid), nn.ReLU(),
+            nn.Conv2d(mid, cout, 1, bias=False), _bn(cout),
+        )  # fmt: skip
+        self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), _bn(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = F.relu(self.body(x) + self.down(x))
+        return torch.flatten(F.adaptive_avg_pool2d(y, 1), 1)
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, depthwise 3x3, ReLU6, 1x1 project, residual add."""
+
+    def __init__(self, c: int, expand: int) -> None:
+        super().__init__()
+        h = c * expand
+        self.body = nn.Sequential(
+            nn.Conv2d(c, h, 1, bias=False), _bn(h), nn.ReLU6(),
+            nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), _bn(h), nn.ReLU6(),
+            nn.Conv2d(h, c, 1, bias=False), _bn(c),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
 def _mask(b: int) -> torch.Tensor:
     return torch.rand(b, 1, 8, 8) > 0.3
 
@@ -86,6 +121,15 @@ CASES = [
     OpCase("conv_depthwise", lambda: nn.Conv2d(6, 6, 5, padding=2, groups=6), lambda b: (r(b, 6, 8, 8),)),
     OpCase("conv1x1_residual", lambda: Fn(lambda m, x: F.relu(F.conv2d(x, m.w) + x), w=r(5, 5, 1, 1)), lambda b: (r(b, 5, 6, 6),)),
     OpCase("conv1d", lambda: nn.Conv1d(4, 6, 3, padding=1), lambda b: (r(b, 4, 16),)),
+    # the channels-last forms (GPU builds): channel blocks (>= 16 channels a group), 1x1 GEMMs, depthwise
+    OpCase("conv_wide_stride_pad", lambda: nn.Conv2d(24, 20, 3, stride=2, padding=1, bias=False), lambda b: (r(b, 24, 9, 8),)),
+    OpCase("conv1x1_stride2", lambda: nn.Conv2d(16, 32, 1, stride=2), lambda b: (r(b, 16, 7, 7),)),
+    OpCase("conv_grouped_wide", lambda: nn.Conv2d(32, 32, 3, padding=2, dilation=2, groups=2), lambda b: (r(b, 32, 6, 6),)),
+    OpCase("conv_depthwise_stride", lambda: nn.Conv2d(24, 24, 3, stride=2, padding=1, groups=24, bias=False),
+           lambda b: (r(b, 24, 9, 9),)),  # fmt: skip
+    OpCase("conv_depthwise_7x7", lambda: nn.Conv2d(16, 16, 7, padding=3, groups=16), lambda b: (r(b, 16, 8, 8),)),
+    OpCase("resnet_bottleneck", lambda: Bottleneck(16, 16, 32, stride=2), lambda b: (r(b, 3, 17, 17),)),
+    OpCase("mobilenet_block", lambda: InvertedResidual(16, 4), lambda b: (r(b, 16, 7, 7),)),
     OpCase("maxpool", lambda: nn.MaxPool2d(3, 2, 1), lambda b: (r(b, 3, 11, 11),)),
     OpCase("avgpool", lambda: nn.AvgPool2d(3, 2, 1), lambda b: (r(b, 3, 11, 11),)),
     OpCase("avgpool_ceil_nopad", lambda: nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False), lambda b: (r(b, 2, 7, 7),)),

@@ -108,6 +108,26 @@ def test_batchnorm_folds_into_conv() -> None:
     assert kinds.count("Conv") == 9 and len(kinds) == 12, kinds  # conv+bn+relu(+residual) are one kernel each
 
 
+def test_channels_last_keeps_fusion_and_stores_nhwc() -> None:
+    """A GPU build stores the activations between convs NHWC and reads conv weights as [O, kh, kw, I]; the
+    kernels and every fusion decision are those of the NCHW build (the epilogues stay fused)."""
+    from aotc_build import kernel as K
+
+    cap = capture(ROOT / "examples" / "cnn.py")
+    _, nchw, log = compile_graph(cap)
+    _, nhwc, log_cl = compile_graph(cap, channels_last=True)
+    assert log_cl == log and [type(k) for k in nhwc.kernels] == [type(k) for k in nchw.kernels]
+    convs = [k for k in nhwc.kernels if isinstance(k, K.Conv)]
+    for k in convs:
+        assert k.w.strides[1] == 1, (k.name, k.w.strides)  # the weight's input channel is contiguous
+        if k.x.buf.startswith("buf"):  # an arena activation (the graph input stays NCHW for the user)
+            assert k.x.strides[1] == 1, (k.name, k.x.strides)
+        for st in k.stores:
+            if st.buf.startswith("buf"):
+                assert st.index.coeff(K.loop_var("i", 1)) == 1, (k.name, st.index)  # channels innermost
+    assert sum(k.x.buf.startswith("buf") for k in convs) == len(convs) - 1
+
+
 def test_view_strides_follow_torch() -> None:
     s = sympy.Symbol("s0", integer=True, positive=True)
     assert view_strides((s, 64, 128), (8192, 128, 1), (s * 64, 128)) == (128, 1)

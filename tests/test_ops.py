@@ -41,6 +41,7 @@ class Built:
     graph: Graph
     prog: Plan
     package: Path
+    prog_nhwc: Plan  # what a GPU build fuses: activations between convs stored channels-last
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +57,10 @@ def built(tmp_path_factory: pytest.TempPathFactory, aotc_cache: Path) -> Callabl
             inputs = case.inputs(3)
             cap = capture_module(case.make().eval(), inputs, dynamic_shapes(case, inputs), name=case.name, precision=precision)
             graph, prog, _ = compile_graph(cap)
+            _, prog_nhwc, _ = compile_graph(cap, channels_last=True)
             path = out / f"{case.name}-{precision}.pkg"
             build_captured(cap, path, BuildOptions(targets=(Target("cpu", "x86-64-v3"),), precision=precision), aotc_cache)
-            done[key] = Built(cap, graph, prog, path)
+            done[key] = Built(cap, graph, prog, path, prog_nhwc)
         return done[key]
 
     return get
@@ -114,6 +116,9 @@ def test_interpreters_match_eager(case: OpCase, precision: str, built: Callable[
         assert_close(interp.run(b.graph, xs), want, precision, "IR interpreter vs eager")
         got = run_program(b.prog, xs, weights, interp.bind(b.graph, xs))
         assert_close(got, want, precision, "kernel interpreter vs eager")
+        if b.prog_nhwc is not b.prog:
+            got = run_program(b.prog_nhwc, xs, weights, interp.bind(b.graph, xs))
+            assert_close(got, want, precision, "kernel interpreter (channels-last) vs eager")
 
 
 @pytest.mark.parametrize(("case", "precision"), PARAMS)

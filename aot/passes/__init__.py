@@ -10,14 +10,19 @@ from collections.abc import Callable
 
 from ..ir import Graph
 from .fold import dce, fold_constants, fold_conv_scale
+from .layout import channels_last_nodes, conv_weights_channels_last
 from .merge import merge_matmuls
 from .rewrite import rewrite
 
 Pass = Callable[[Graph], Graph]
 
-__all__ = ["PIPELINE", "Pass", "dce", "fold_constants", "fold_conv_scale", "merge_matmuls", "rewrite", "run_pipeline"]
+__all__ = [
+    "PIPELINE", "Pass", "channels_last_nodes", "conv_weights_channels_last", "dce", "fold_constants",
+    "fold_conv_scale", "merge_matmuls", "rewrite", "run_pipeline",
+]  # fmt: skip
 
-PIPELINE: list[Pass] = [dce, fold_constants, fold_conv_scale, fold_constants, merge_matmuls]
+# the layout pass comes last: constant folding would fold its weight permutes back
+PIPELINE: list[Pass] = [dce, fold_constants, fold_conv_scale, fold_constants, merge_matmuls, conv_weights_channels_last]
 
 
 def run_pipeline(g: Graph, check: Callable[[Graph, str], None] | None = None) -> Graph:

@@ -522,6 +522,95 @@ def integer_ops() -> Case:
     return Case("integer_ops", prog, ref, [{"s0": 7}, {"s0": 300}], rtol=0, atol=0, int_inputs={"a": 40, "b": 10})
 
 
+# ---- channels-last convolutions (what fusion emits for GPU builds: passes/layout.py) ----------------------
+
+# name: (C_in, H, W), C_out, kernel, stride, padding, dilation, groups; every kernel's epilogue is
+# relu((acc + bias) * scale + residual) (in fp32) stored NHWC, the residual read NHWC (batch-norm + skip connection).
+ClSpec = tuple[tuple[int, int, int], int, int, int, int, int, int]
+CL_SPECS: dict[str, ClSpec] = {
+    "block3x3": ((32, 6, 5), 32, 3, 1, 1, 1, 1),  # channel blocks, padded
+    "pw1x1": ((24, 5, 4), 40, 1, 1, 0, 1, 1),  # a GEMM; 24 channels: a partial channel block
+    "down": ((16, 7, 7), 24, 3, 2, 1, 2, 1),  # strided, dilated
+    "stem": ((3, 9, 9), 16, 7, 2, 3, 1, 1),  # 3 channels: the flattened (kh, kw, c) reduction
+    "grouped": ((8, 6, 6), 12, 3, 1, 1, 1, 2),  # 4 channels a group
+    "dw3x3": ((20, 7, 6), 20, 3, 2, 1, 1, 20),  # depthwise: the direct kernel
+    "dw7x7": ((24, 8, 8), 24, 7, 1, 3, 1, 24),  # ConvNeXt's depthwise 7x7
+}
+
+
+def _cl_out(spec: ClSpec) -> tuple[int, int]:
+    (_, h, w), _, k, s, p, d, _ = spec
+    return (h + 2 * p - d * (k - 1) - 1) // s + 1, (w + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _cl_weight_order(spec: ClSpec) -> tuple[int, int, int, int]:
+    (cin, _, _), cout, _, _, _, _, groups = spec
+    return (2, 3, 0, 1) if groups == cin == cout and groups > 1 else (0, 2, 3, 1)
+
+
+def _strides_of(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides in logical order of a tensor of ``shape`` stored as ``transpose(order)`` (row-major)."""
+    stored = [shape[p] for p in order]
+    st = [int(np.prod(stored[k + 1 :])) for k in range(len(stored))]
+    out = [0] * len(shape)
+    for k, p in enumerate(order):
+        out[p] = st[k]
+    return tuple(out)
+
+
+def _conv_cl(name: str, specs: dict[str, ClSpec], dtype: DType, tol: float) -> Case:
+    kernels, ins, outs, wts = [], [], [], []
+    for key, spec in specs.items():
+        (cin, h, w), cout, k, s, p, d, groups = spec
+        oh, ow = _cl_out(spec)
+        xs = _strides_of((1, cin, h, w), (0, 2, 3, 1))
+        ws = _strides_of((cout, cin // groups, k, k), _cl_weight_order(spec))
+        ys = _strides_of((1, cout, oh, ow), (0, 2, 3, 1))
+        out = i0 * (oh * ow * cout) + i1 * ys[1] + i2 * ys[2] + i3 * ys[3]
+        f32 = (lambda e: e) if dtype is F32 else (lambda e: un(Op.CAST, e, F32))
+        v = bin_(Op.MUL, bin_(Op.ADD, K.Acc(), f32(ld(f"b_{key}", i1, dtype))), f32(ld(f"g_{key}", i1, dtype)))
+        v = un(Op.RELU, bin_(Op.ADD, v, f32(ld(f"r_{key}", out, dtype))))
+        v = v if dtype is F32 else un(Op.CAST, v, dtype)
+        kernels.append(K.Conv(
+            f"{name}_{key}", K.Strided(f"x_{key}", 0, (h * w * cin, *xs[1:]), dtype), K.Strided(f"w_{key}", 0, ws, dtype),
+            S0, cin, h, w, cout, (k, k), (oh, ow), (s, s), (p, p), (d, d), groups, (st(f"y_{key}", out, v),),
+        ))  # fmt: skip
+        ins += [buf(f"x_{key}", dtype, (S0, h, w, cin), "input"), buf(f"r_{key}", dtype, (S0, oh, ow, cout), "input")]
+        outs.append(buf(f"y_{key}", dtype, (S0, oh, ow, cout), "output"))
+        stored = tuple((cout, cin // groups, k, k)[q] for q in _cl_weight_order(spec))
+        wts += [buf(f"w_{key}", dtype, stored, "weight"), buf(f"b_{key}", dtype, (cout,), "weight"),
+                buf(f"g_{key}", dtype, (cout,), "weight")]  # fmt: skip
+    prog = program([sym("s0", 1, 16)], ins, outs, wts, kernels)
+
+    def ref(inp: Arrays, wt: Arrays) -> Arrays:
+        import torch
+
+        F = torch.nn.functional
+        out = {}
+        for key, spec in specs.items():
+            _, _, _, s, p, d, groups = spec
+            t = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float64))  # noqa: E731
+            x = t(inp[f"x_{key}"].astype(np.float32)).permute(0, 3, 1, 2)
+            wgt = t(wt[f"w_{key}"].astype(np.float32)).permute(*np.argsort(_cl_weight_order(spec)).tolist())
+            y = F.conv2d(x, wgt, None, s, p, d, groups).permute(0, 2, 3, 1)
+            b, gm = (t(wt[f"{q}_{key}"].astype(np.float32)) for q in "bg")
+            y = torch.relu((y + b) * gm + t(inp[f"r_{key}"].astype(np.float32)))
+            out[f"y_{key}"] = y.numpy()
+        return out
+
+    return Case(name, prog, ref, [{"s0": 1}, {"s0": 3}], rtol=tol, atol=tol,
+                precision="bf16" if dtype is DType.bf16 else "fp32")  # fmt: skip
+
+
+def conv_channels_last() -> Case:
+    return _conv_cl("conv_cl", CL_SPECS, F32, 1e-4)
+
+
+def conv_channels_last_bf16() -> Case:
+    keys = ("block3x3", "pw1x1", "stem", "dw3x3")
+    return _conv_cl("conv_cl_bf16", {k: CL_SPECS[k] for k in keys}, DType.bf16, 5e-2)
+
+
 GPU_CASES: list[Callable[[], Case]] = [
     pointwise_permute,
     masked_pad,
@@ -539,6 +628,8 @@ GPU_CASES: list[Callable[[], Case]] = [
     two_kernels_arena,
     elementwise_ops,
     integer_ops,
+    conv_channels_last,
+    conv_channels_last_bf16,
 ]
 
 
