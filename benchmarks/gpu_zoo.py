@@ -162,10 +162,10 @@ def run(out: Path, json_path: Path) -> None:
                 row.setdefault("aotc_err_vs_fp32", []).append(float(np.abs(got - truth).max() / truth_scale))
                 row.setdefault("eager_bf16_err_vs_fp32", []).append(float(np.abs(want - truth).max() / truth_scale))
             if k == 0:
-                ex = model.executor.ex
+                ex, env = model.executor, model.bind([x.shape for x in xs])
                 dxs = [ex.to_device(x) for x in xs]
-                row["plain_ms"] = _median_ms(lambda ex=ex, dxs=dxs: ex.run(dxs, device_outputs=True, graph=False))
-                row["graph_ms"] = _median_ms(lambda ex=ex, dxs=dxs: ex.run(dxs, device_outputs=True, graph=True))
+                row["plain_ms"] = _median_ms(lambda ex=ex, dxs=dxs, env=env: ex.run(dxs, env, device_outputs=True, graph=False))
+                row["graph_ms"] = _median_ms(lambda ex=ex, dxs=dxs, env=env: ex.run(dxs, env, device_outputs=True, graph=True))
             k += 1
         row.update({"max_rel_err": errs, "tolerance": tol, "ok": all(close)})
         row.update(torch_rows["rows"].get(f"{name}.{precision}", {}))
