@@ -12,7 +12,7 @@ from typing import Any
 from aotc.errors import UnsupportedOp
 
 from ..builder import Builder, broadcast_shapes
-from ..ir import ArangeAttr, AxisAttr, ConvAttr, DType, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim, dims_equal
+from ..ir import ArangeAttr, AttentionAttr, AxisAttr, ConvAttr, DType, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim
 from .table import Ctx, aten, compute_dtype, lower, norm_axis
 
 # ---- reductions ------------------------------------------------------------------------------------
@@ -211,36 +211,27 @@ def _sdpa(c: Ctx) -> Node:
     mask = c.kw("attn_mask", 3)
     causal = bool(c.kw("is_causal", 5, False))
     scale = c.kw("scale", 6)
-    gqa = bool(c.kw("enable_gqa", 7, False))
     b, dt = c.b, c.out_dtype
-    if gqa and not dims_equal(q.shape[-3], k.shape[-3]):
-        rep = int(q.shape[-3]) // int(k.shape[-3])
-        k, v = (_repeat_heads(b, t, rep) for t in (k, v))
     e = q.shape[-1]
-    scale = scale if scale is not None else 1.0 / math.sqrt(int(e)) if isinstance(e, int) else None
-    if scale is None:
+    if scale is None and not isinstance(e, int):
         raise UnsupportedOp("scaled_dot_product_attention with a dynamic head dimension")
-    kt = b.permute(k, (*range(k.type.rank - 2), k.type.rank - 1, k.type.rank - 2))
-    scores = b.ew(Op.MUL, matmul(b, q, kt, dt), float(scale))
-    L, S = scores.shape[-2], scores.shape[-1]
-    if causal:
-        rows = b.reshape(b.add(Op.ARANGE, (), DType.i64, (L,), ArangeAttr(0, 1)), (L, 1))
-        cols = b.reshape(b.add(Op.ARANGE, (), DType.i64, (S,), ArangeAttr(0, 1)), (1, S))
-        scores = b.where(b.ew(Op.GE, rows, cols), scores, float("-inf"), dt)
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(e)
+    squeeze = q.type.rank == 2  # [L, E]: one head of its own
+    if squeeze:
+        q, k, v = (b.reshape(t, (1, *t.shape)) for t in (q, k, v))
+    batch = broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    q = b.broadcast_to(b.cast(q, dt), (*batch, *q.shape[-3:]))
+    k = b.broadcast_to(b.cast(k, dt), (*batch, *k.shape[-3:]))
+    v = b.broadcast_to(b.cast(v, dt), (*batch, *v.shape[-3:]))
+    # GQA (enable_gqa): query head h reads kv head h // (Hq / Hk) by index inside the kernel, no copies
+    ins = [q, k, v]
+    kind = "none"
     if mask is not None:
-        scores = b.where(mask, scores, float("-inf"), dt) if mask.dtype is DType.bool else b.ew(Op.ADD, scores, mask, dtype=dt)
-    scores = b.cast(scores, compute_dtype(dt))
-    probs = softmax(b, scores, scores.type.rank - 1)
-    # rows that are masked everywhere give zeros, as torch's SDPA does (not NaN)
-    probs = b.where(b.ew(Op.NE, probs, probs), 0.0, probs, probs.dtype)
-    return matmul(b, b.cast(probs, dt), v, dt)
-
-
-def _repeat_heads(b: Builder, t: Node, rep: int) -> Node:
-    *batch, h, s, d = t.shape
-    x = b.reshape(t, (*batch, h, 1, s, d))
-    x = b.broadcast_to(x, (*batch, h, rep, s, d))
-    return b.reshape(x, (*batch, h * rep, s, d))
+        kind = "bool" if mask.dtype is DType.bool else "add"
+        mask = b.cast(mask, DType.bool if kind == "bool" else dt)
+        ins.append(b.broadcast_to(mask, (*q.shape[:-1], k.shape[-2])))
+    out = b.add(Op.ATTENTION, ins, dt, (*q.shape[:-1], v.shape[-1]), AttentionAttr(scale, causal, kind))
+    return b.reshape(out, out.shape[1:]) if squeeze else out
 
 
 def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
