@@ -12,7 +12,7 @@ from typing import Any
 from aotc.errors import UnsupportedOp
 
 from ..builder import Builder, broadcast_shapes
-from ..ir import ArangeAttr, AttentionAttr, AxisAttr, ConvAttr, DType, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim
+from ..ir import ArangeAttr, AttentionAttr, AxisAttr, ConvAttr, DType, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim, dims_equal
 from .table import Ctx, aten, compute_dtype, lower, norm_axis
 
 # ---- reductions ------------------------------------------------------------------------------------
@@ -223,7 +223,11 @@ def _sdpa(c: Ctx) -> Node:
     q = b.broadcast_to(b.cast(q, dt), (*batch, *q.shape[-3:]))
     k = b.broadcast_to(b.cast(k, dt), (*batch, *k.shape[-3:]))
     v = b.broadcast_to(b.cast(v, dt), (*batch, *v.shape[-3:]))
-    # GQA (enable_gqa): query head h reads kv head h // (Hq / Hk) by index inside the kernel, no copies
+    # GQA (enable_gqa): query head h reads kv head h // (Hq / Hk) by index inside the kernel, no copies.
+    # Heads repeated by the model (transformers' repeat_kv: expand + reshape) are read the same way.
+    k0, v0 = _kv_heads(b, k), _kv_heads(b, v)
+    if k0.shape[-3] == v0.shape[-3] and k0 is not k:
+        k, v = k0, v0
     ins = [q, k, v]
     kind = "none"
     if mask is not None:
@@ -232,6 +236,25 @@ def _sdpa(c: Ctx) -> Node:
         ins.append(b.broadcast_to(mask, (*q.shape[:-1], k.shape[-2])))
     out = b.add(Op.ATTENTION, ins, dt, (*q.shape[:-1], v.shape[-1]), AttentionAttr(scale, causal, kind))
     return b.reshape(out, out.shape[1:]) if squeeze else out
+
+
+def _kv_heads(b: Builder, t: Node) -> Node:
+    """``t`` [..., Hk * rep, S, E] made by repeating each kv head ``rep`` times (reshape of an expand of
+    [..., Hk, 1, S, E]) as the [..., Hk, S, E] it repeats; else ``t``."""
+    if t.op is not Op.RESHAPE or t.inputs[0].op is not Op.EXPAND:
+        return t
+    ex = t.inputs[0]
+    src = ex.inputs[0]
+    ok = (
+        ex.type.rank == t.type.rank + 1
+        and src.shape[-3] == 1
+        and isinstance(ex.shape[-4], int)
+        and isinstance(t.shape[-3], int)
+        and ex.shape[-4] * ex.shape[-3] == t.shape[-3]
+        and all(dims_equal(x, y) for x, y in zip(ex.shape[:-3], src.shape[:-3], strict=True))
+        and all(dims_equal(x, y) for x, y in zip((*ex.shape[:-4], *ex.shape[-2:]), (*t.shape[:-3], *t.shape[-2:]), strict=True))
+    )
+    return b.reshape(src, (*src.shape[:-3], *src.shape[-2:])) if ok else t
 
 
 def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
