@@ -36,7 +36,7 @@
 #include "matmul.h"  // the 16-bit operand tags and aotc_elem
 
 #ifndef AOTC_ATTN_MB
-#define AOTC_ATTN_MB 32  // query rows per task (a multiple of AOTC_ATTN_MR)
+#define AOTC_ATTN_MB 64  // query rows per task (a multiple of AOTC_ATTN_MR)
 #endif
 #ifndef AOTC_ATTN_NB
 #define AOTC_ATTN_NB 64  // keys per block (a multiple of two vectors)
@@ -68,9 +68,13 @@ static inline aotc_attn_v aotc_attn_fma(aotc_attn_v a, aotc_attn_v b, aotc_attn_
 }
 
 static inline aotc_attn_v aotc_attn_set1(float s) {
-  aotc_attn_v v;
-  for (int l = 0; l < aotc_attn_vl; ++l) v[l] = s;
-  return v;
+#if AOTC_ATTN_VBYTES == 64
+  return (aotc_attn_v)_mm512_set1_ps(s);
+#elif AOTC_ATTN_VBYTES == 32
+  return (aotc_attn_v)_mm256_set1_ps(s);
+#else
+  return aotc_attn_v{s, s, s, s};
+#endif
 }
 
 static inline aotc_attn_v aotc_attn_load(const float* p) {
@@ -86,19 +90,27 @@ static inline void aotc_attn_store(float* p, aotc_attn_v v) { memcpy(p, &v, size
 template <int NV>
 static inline void aotc_attn_micro(int64_t kn, const float* __restrict a, int64_t lda, const float* __restrict b,
                                    int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  // fully unrolled so that the accumulators live in registers
   aotc_attn_v acc[AOTC_ATTN_MR][NV];
+#pragma GCC unroll 8
   for (int i = 0; i < AOTC_ATTN_MR; ++i)
+#pragma GCC unroll 4
     for (int j = 0; j < NV; ++j)
       acc[i][j] = accumulate ? aotc_attn_load(c + i * ldc + j * aotc_attn_vl) : aotc_attn_set1(0.0f);
   for (int64_t k = 0; k < kn; ++k) {
     aotc_attn_v bv[NV];
+#pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) bv[j] = aotc_attn_load(b + k * ldb + j * aotc_attn_vl);
+#pragma GCC unroll 8
     for (int i = 0; i < AOTC_ATTN_MR; ++i) {
       const aotc_attn_v av = aotc_attn_set1(a[i * lda + k]);
+#pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[i][j] = aotc_attn_fma(av, bv[j], acc[i][j]);
     }
   }
+#pragma GCC unroll 8
   for (int i = 0; i < AOTC_ATTN_MR; ++i)
+#pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) aotc_attn_store(c + i * ldc + j * aotc_attn_vl, acc[i][j]);
 }
 
@@ -156,8 +168,8 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       const int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
       for (int64_t j0 = 0; j0 < hi; j0 += NB) {
         const int64_t nb = hi - j0 < NB ? hi - j0 : NB;
-        for (int64_t e = 0; e < E; ++e)
-          for (int64_t j = 0; j < NB; ++j)
+        for (int64_t j = 0; j < NB; ++j)  // read along rows of K (contiguous e), write K^T
+          for (int64_t e = 0; e < E; ++e)
             kt[e * NB + j] = j < nb ? (float)aotc_elem<SK>::load(k, ko + (j0 + j) * sks + e * ske) : 0.0f;
         for (int64_t j = 0; j < NB; ++j)
           for (int64_t d = 0; d < evp; ++d)
@@ -166,13 +178,16 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
         for (int64_t r = 0; r < lb; ++r) {
           float* s = sc + r * NB;
           const int64_t row = l0 + r;
-          for (int64_t j = 0; j < NB; ++j) {
-            bool keep = j < nb && (!causal || j0 + j <= row);
-            if (keep && mask_kind == 1) keep = aotc_elem<SM>::load(m, mo + row * sml + (j0 + j) * sms) != 0;
-            if (keep && mask_kind == 2) s[j] += (float)aotc_elem<SM>::load(m, mo + row * sml + (j0 + j) * sms);
-            if (!keep) s[j] = -INFINITY;
+          if (mask_kind || nb < NB || (causal && j0 + NB > row)) {
+            for (int64_t j = 0; j < NB; ++j) {
+              bool keep = j < nb && (!causal || j0 + j <= row);
+              if (keep && mask_kind == 1) keep = aotc_elem<SM>::load(m, mo + row * sml + (j0 + j) * sms) != 0;
+              if (keep && mask_kind == 2) s[j] += (float)aotc_elem<SM>::load(m, mo + row * sml + (j0 + j) * sms);
+              if (!keep) s[j] = -INFINITY;
+            }
           }
           float top = mx[r];
+#pragma omp simd reduction(max : top)
           for (int64_t j = 0; j < NB; ++j) top = s[j] > top ? s[j] : top;
           if (top == -INFINITY) {  // nothing attended yet: this block adds nothing to the row
             memset(s, 0, sizeof(float) * NB);
