@@ -65,6 +65,13 @@ def _seq_dims() -> tuple:
     return ({2: seq}, {2: keys}, {2: keys})
 
 
+def _built_causal(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """A causal mask built by the model (as transformers' create_causal_mask does), and-ed with padding."""
+    rows = torch.arange(q.shape[-2], device=q.device)[:, None]
+    cols = torch.arange(k.shape[-2], device=q.device)[None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=(cols <= rows) & pad)
+
+
 def _attn(**kw: Any) -> nn.Module:
     return Fn(lambda m, q, k, v, mask=None: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw))
 
@@ -164,6 +171,8 @@ CASES = [
            lambda b: (r(b, 3, 7, 16), r(b, 3, 11, 16), r(b, 3, 11, 24))),  # fmt: skip
     OpCase("sdpa_masked_row", lambda: _attn(), lambda b: (r(b, 2, 8, 16), r(b, 2, 10, 16), r(b, 2, 10, 16), _masked_row(b))),
     OpCase("sdpa_causal_rect", lambda: _attn(is_causal=True), lambda b: (r(b, 2, 6, 16), r(b, 2, 9, 16), r(b, 2, 9, 16))),
+    OpCase("sdpa_built_causal_mask", lambda: Fn(_built_causal),
+           lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), torch.rand(b, 1, 1, 8) > 0.2)),  # fmt: skip
     OpCase("sdpa_dynamic_lengths", lambda: Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
                                               .reshape(q.shape[0], q.shape[2], -1)),
            lambda b: (r(2, 2, b, 16), r(2, 2, b + 4, 16), r(2, 2, b + 4, 16)), dims=_seq_dims),  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 from aotc.errors import UnsupportedOp
 
 from ..builder import Builder, broadcast_shapes
-from ..ir import ArangeAttr, AttentionAttr, AxisAttr, ConvAttr, DType, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim, dims_equal
+from ..ir import ArangeAttr, AttentionAttr, AxisAttr, ConvAttr, DType, FullAttr, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim, dims_equal
 from .table import Ctx, aten, compute_dtype, lower, norm_axis
 
 # ---- reductions ------------------------------------------------------------------------------------
@@ -228,6 +228,10 @@ def _sdpa(c: Ctx) -> Node:
     k0, v0 = _kv_heads(b, k), _kv_heads(b, v)
     if k0.shape[-3] == v0.shape[-3] and k0 is not k:
         k, v = k0, v0
+    if mask is not None and mask.dtype is DType.bool:  # a causal mask built by the model becomes the flag
+        found, rest = _causal_part(b, mask)
+        if found:
+            causal, mask = True, rest
     ins = [q, k, v]
     kind = "none"
     if mask is not None:
@@ -236,6 +240,59 @@ def _sdpa(c: Ctx) -> Node:
         ins.append(b.broadcast_to(mask, (*q.shape[:-1], k.shape[-2])))
     out = b.add(Op.ATTENTION, ins, dt, (*q.shape[:-1], v.shape[-1]), AttentionAttr(scale, causal, kind))
     return b.reshape(out, out.shape[1:]) if squeeze else out
+
+
+def _is_one(d: Any) -> bool:
+    return isinstance(d, int) and d == 1
+
+
+def _position(n: Node) -> tuple[int, Any] | None:
+    """(axis, offset) when every element of ``n`` is its index along ``axis`` plus ``offset``: an arange
+    (plus a constant) reshaped onto one axis and broadcast, as masks are built; else None."""
+    while n.op is Op.EXPAND:
+        n = n.inputs[0]
+    axes = [k for k, d in enumerate(n.shape) if not _is_one(d)]
+    if n.op is not Op.RESHAPE or len(axes) != 1:
+        return None
+    axis = axes[0]
+    while n.op is Op.RESHAPE and sum(not _is_one(d) for d in n.shape) == 1:
+        n = n.inputs[0]
+    offset: Any = 0
+    if n.op is Op.ADD:
+        a, c = n.inputs
+        if a.op is not Op.ARANGE:
+            a, c = c, a
+        while c.op in (Op.EXPAND, Op.RESHAPE):
+            c = c.inputs[0]
+        if c.op is not Op.FULL or not isinstance(c.attr, FullAttr) or not isinstance(c.attr.value, int):
+            return None
+        offset, n = c.attr.value, a
+    if n.op is not Op.ARANGE or not isinstance(n.attr, ArangeAttr) or n.attr.step != 1 or n.type.rank != 1:
+        return None
+    return axis, offset + n.attr.start
+
+
+def _causal_part(b: Builder, m: Node) -> tuple[bool, Node | None]:
+    """Split a bool mask into (whether it contains col <= row, top-left aligned, and-ed in; the rest of it, None
+    where nothing is left). transformers builds causal masks as such expressions (create_causal_mask)."""
+    while m.op is Op.EXPAND:
+        m = m.inputs[0]
+    const = m
+    while const.op in (Op.EXPAND, Op.RESHAPE):
+        const = const.inputs[0]
+    if const.op is Op.FULL and isinstance(const.attr, FullAttr) and const.attr.value is True:
+        return False, None
+    if m.op in (Op.LE, Op.GE) and m.type.rank >= 2:
+        cols, rows = m.inputs if m.op is Op.LE else m.inputs[::-1]
+        c, r = _position(cols), _position(rows)
+        if c is not None and r is not None and (c[0], r[0]) == (m.type.rank - 1, m.type.rank - 2) and c[1] == r[1]:
+            return True, None
+    if m.op is Op.AND:
+        (ca, ra), (cb, rb) = (_causal_part(b, x) for x in m.inputs)
+        if ca or cb:
+            rest = ra if rb is None else rb if ra is None else b.ew(Op.AND, ra, rb)
+            return True, rest
+    return False, m
 
 
 def _kv_heads(b: Builder, t: Node) -> Node:
