@@ -272,10 +272,17 @@ def _position(n: Node) -> tuple[int, Any] | None:
     return axis, offset + n.attr.start
 
 
+def _leading_ones(m: Node) -> bool:
+    """A reshape that only puts unit dims in front (rank extension for broadcasting)."""
+    src, dst = m.inputs[0].shape, m.shape
+    k = len(dst) - len(src)
+    return k >= 0 and all(_is_one(d) for d in dst[:k]) and all(dims_equal(a, c) for a, c in zip(dst[k:], src, strict=True))
+
+
 def _causal_part(b: Builder, m: Node) -> tuple[bool, Node | None]:
     """Split a bool mask into (whether it contains col <= row, top-left aligned, and-ed in; the rest of it, None
     where nothing is left). transformers builds causal masks as such expressions (create_causal_mask)."""
-    while m.op is Op.EXPAND:
+    while m.op is Op.EXPAND or (m.op is Op.RESHAPE and _leading_ones(m)):
         m = m.inputs[0]
     const = m
     while const.op in (Op.EXPAND, Op.RESHAPE):
