@@ -162,14 +162,14 @@ CASES = [
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16))),  # fmt: skip
     OpCase("sdpa_mask", lambda: Fn(lambda m, q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)),
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), _mask(b))),  # fmt: skip
-    OpCase("sdpa_mask_keys", lambda: _attn(), lambda b: (r(b, 2, 8, 16), r(b, 2, 10, 16), r(b, 2, 10, 16),
+    OpCase("sdpa_mask_keys", _attn, lambda b: (r(b, 2, 8, 16), r(b, 2, 10, 16), r(b, 2, 10, 16),
                                                            torch.rand(b, 1, 1, 10) > 0.3)),  # fmt: skip
-    OpCase("sdpa_additive_mask", lambda: _attn(), lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 1, 8, 8))),
+    OpCase("sdpa_additive_mask", _attn, lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 1, 8, 8))),
     OpCase("sdpa_gqa_causal", lambda: _attn(is_causal=True, enable_gqa=True),
            lambda b: (r(b, 4, 9, 16), r(b, 2, 9, 16), r(b, 2, 9, 16))),  # fmt: skip
     OpCase("sdpa_value_dim_scale", lambda: _attn(scale=0.3),
            lambda b: (r(b, 3, 7, 16), r(b, 3, 11, 16), r(b, 3, 11, 24))),  # fmt: skip
-    OpCase("sdpa_masked_row", lambda: _attn(), lambda b: (r(b, 2, 8, 16), r(b, 2, 10, 16), r(b, 2, 10, 16), _masked_row(b))),
+    OpCase("sdpa_masked_row", _attn, lambda b: (r(b, 2, 8, 16), r(b, 2, 10, 16), r(b, 2, 10, 16), _masked_row(b))),
     OpCase("sdpa_causal_rect", lambda: _attn(is_causal=True), lambda b: (r(b, 2, 6, 16), r(b, 2, 9, 16), r(b, 2, 9, 16))),
     OpCase("sdpa_built_causal_mask", lambda: Fn(_built_causal),
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), torch.rand(b, 1, 1, 8) > 0.2)),  # fmt: skip
