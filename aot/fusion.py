@@ -22,6 +22,7 @@ from . import kernel as K
 from .indexing import Idx, contiguous_strides, flat_index, is_one, reshape_index, view_strides
 from .ir import (
     ArangeAttr,
+    AttentionAttr,
     AxisAttr,
     ConvAttr,
     Dim,
@@ -369,6 +370,8 @@ class Fusion:
             lib = libs[0]
             if len(libs) > 1:
                 raise Realize(libs[1], "one matmul/conv per kernel")
+            if lib.op is Op.ATTENTION:
+                return self._attention(n, lib, name)
             if not (len(lib.shape) == len(n.shape) and all(dims_equal(a, b) for a, b in zip(lib.shape, n.shape, strict=True))):
                 raise Realize(lib, "its epilogue has another shape")
             return self._library(n, lib, name)
@@ -390,7 +393,7 @@ class Fusion:
             seen.add(n)
             if n is not root and self.strided(n) is not None:
                 continue
-            if n.op in (Op.MATMUL, Op.CONV2D):
+            if n.op in (Op.MATMUL, Op.CONV2D, Op.ATTENTION):
                 libs.append(n)
                 continue
             if n.op in Family.REDUCE:
@@ -404,18 +407,7 @@ class Fusion:
     def _library(self, root: Node, lib: Node, name: str) -> tuple[K.Kernel, set[Node]]:
         vars_ = K.loop_vars("i", len(lib.shape))
         b = _Build(self, root, dict(zip(vars_, lib.shape, strict=True)), library=lib, library_vars=vars_)
-        ops = []
-        for x in lib.inputs:
-            v = self.strided(x)
-            if v is None:
-                # Prefer a buffer under the views (q/k/v heads split from one projection stay views of it)
-                # over a copy of the viewed operand.
-                base = x
-                while base.op in Family.VIEW and base not in self.realized:
-                    base = base.inputs[0]
-                target = base if base is not x and base not in self.realized else x
-                raise Realize(target, f"{lib.op.name} reads its operands from memory")
-            ops.append(v)
+        ops = self._operands(lib)
         store = K.Store(self.realized[root], self.store_index(root, vars_), b.value(root, vars_))
         b.region.add(lib)
         if lib.op is Op.MATMUL:
@@ -442,6 +434,88 @@ class Fusion:
             a.stride, a.padding, a.dilation, a.groups, (store,),
         )  # fmt: skip
         return kern, b.region
+
+    def _operands(self, lib: Node) -> list[tuple]:
+        """Each input of a library op as (buffer, offset, strides); raises Realize for one not in memory."""
+        ops = []
+        for x in lib.inputs:
+            v = self.strided(x)
+            if v is None:
+                # Prefer a buffer under the views (q/k/v heads split from one projection stay views of it)
+                # over a copy of the viewed operand; but attention under the views gets its own store index
+                # (``_attention``), so the viewed operand is realized as the attention kernel's output.
+                base = x
+                while base.op in Family.VIEW and base not in self.realized:
+                    base = base.inputs[0]
+                under = base is not x and base not in self.realized and base.op is not Op.ATTENTION
+                raise Realize(base if under else x, f"{lib.op.name} reads its operands from memory")
+            ops.append(v)
+        return ops
+
+    def _attention(self, root: Node, lib: Node, name: str) -> tuple[K.Kernel, set[Node]]:
+        """The Attention kernel of ``lib`` stored through ``root``: a chain of permutes, reshapes and unary ops
+        above it (attn.transpose(1, 2).reshape(B, L, H * E)) becomes the store index, anything else of the
+        same shape an epilogue as for a matmul."""
+        a = lib.attr
+        assert isinstance(a, AttentionAttr)
+        ops = self._operands(lib)
+        nb = len(lib.shape) - 2
+        vars_ = K.loop_vars("i", len(lib.shape))
+        store = self._through_views(root, lib, vars_)
+        region = {lib}
+        if store is None:
+            if not (len(lib.shape) == len(root.shape) and all(dims_equal(x, y) for x, y in zip(lib.shape, root.shape, strict=True))):
+                raise Realize(lib, "its epilogue views it in a way the store index cannot follow")
+            b = _Build(self, root, dict(zip(vars_, lib.shape, strict=True)), library=lib, library_vars=vars_)
+            store = K.Store(self.realized[root], self.store_index(root, vars_), b.value(root, vars_))
+            region |= b.region
+        else:
+            node = root
+            while node is not lib:
+                region.add(node)
+                node = node.inputs[0]
+
+        def operand(k: int, rows: int) -> K.Strided:
+            buf, off, st = ops[k]
+            off = off + sympy.Add(*(vars_[d] * st[d] for d in range(nb)))
+            return K.Strided(buf, off, (st[rows], st[rows + 1]), lib.inputs[k].dtype)
+
+        q, k, v = lib.inputs[:3]
+        sym = sympy.sympify
+        kern = K.Attention(
+            name, tuple(sym(d) for d in lib.shape[:nb]), int(q.shape[-3]) // int(k.shape[-3]), sym(q.shape[-2]),
+            sym(k.shape[-2]), sym(q.shape[-1]), sym(v.shape[-1]), operand(0, nb), operand(1, nb), operand(2, nb),
+            operand(3, nb) if len(ops) > 3 else None, a.scale, a.causal, a.mask, (store,),
+        )  # fmt: skip
+        return kern, region
+
+    def _through_views(self, root: Node, lib: Node, vars_: tuple[sympy.Symbol, ...]) -> K.Store | None:
+        """The store of ``lib``'s value at ``vars_`` when ``root`` is lib under permutes, reshapes and unary ops
+        (a reshape after a permute keeps the flat position of the permuted tensor); None otherwise."""
+        chain: list[Node] = []
+        node = root
+        while node is not lib:
+            if node is not root and node in self.realized:
+                return None
+            if not (node.op in (Op.PERMUTE, Op.RESHAPE) or node.op in Family.UNARY):
+                return None
+            chain.append(node)
+            node = node.inputs[0]
+        idx: tuple = vars_
+        flat = None
+        acc: K.Value = K.Acc(DType.f32)
+        value = acc if lib.dtype is DType.f32 else K.Unary(Op.CAST, acc, lib.dtype)
+        for n in reversed(chain):
+            if n.op is Op.PERMUTE:
+                assert isinstance(n.attr, PermuteAttr)
+                if flat is not None:
+                    return None
+                idx = tuple(idx[p] for p in n.attr.perm)
+            elif n.op is Op.RESHAPE:
+                flat = flat if flat is not None else flat_index(idx, n.inputs[0].shape)
+            else:
+                value = K.Unary(n.op, value, n.dtype)
+        return K.Store(self.realized[root], flat if flat is not None else flat_index(idx, root.shape), value)
 
     def _reduce(self, root: Node, red: Node, name: str) -> tuple[K.Kernel, set[Node]]:
         assert isinstance(red.attr, ReduceAttr)

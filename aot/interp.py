@@ -15,6 +15,7 @@ import sympy
 
 from .ir import (
     ArangeAttr,
+    AttentionAttr,
     AxisAttr,
     ConvAttr,
     Dim,
@@ -169,6 +170,34 @@ def _pool(x: np.ndarray, a: PoolAttr, out_hw: tuple[int, int]) -> np.ndarray:
     return (stack.sum(0) / div).astype(x.dtype)
 
 
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, a: AttentionAttr) -> np.ndarray:
+    """softmax(q @ k^T * scale + mask) @ v in float64, written plainly: kv heads repeated by index, masked
+    scores at -inf, rows with no key left give zeros."""
+    hq, hk = q.shape[-3], k.shape[-3]
+    heads = np.arange(hq) // (hq // hk)
+    k64 = k.astype(np.float64)[..., heads, :, :]
+    v64 = v.astype(np.float64)[..., heads, :, :]
+    scores = np.matmul(q.astype(np.float64), np.swapaxes(k64, -1, -2)) * a.scale
+    L, S = scores.shape[-2:]
+    keep = np.ones(scores.shape, dtype=bool)
+    if a.causal:
+        keep &= np.arange(L)[:, None] >= np.arange(S)[None, :]
+    if a.mask == "bool":
+        assert mask is not None
+        keep &= mask
+    elif a.mask == "add":
+        assert mask is not None
+        scores = scores + mask.astype(np.float64)
+    scores = np.where(keep, scores, -np.inf)
+    top = scores.max(-1, keepdims=True) if S else np.zeros((*scores.shape[:-1], 1))
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(scores - top)
+    total = p.sum(-1, keepdims=True)
+    p = np.where(total > 0, p / np.where(total > 0, total, 1.0), 0.0)
+    return np.matmul(p, v64)
+
+
 def eval_node(n: Node, ins: list[np.ndarray], env: dict[str, int], graph: Graph) -> np.ndarray:
     dt = n.dtype.numpy()
     shape = tuple(size(d, env) for d in n.shape)
@@ -245,6 +274,9 @@ def eval_node(n: Node, ins: list[np.ndarray], env: dict[str, int], graph: Graph)
     if op is Op.CONV2D:
         assert isinstance(a, ConvAttr)
         return _conv(ins[0], ins[1], a)
+    if op is Op.ATTENTION:
+        assert isinstance(a, AttentionAttr)
+        return attention(ins[0], ins[1], ins[2], ins[3] if len(ins) > 3 else None, a).astype(dt)
     if op is Op.POOL2D:
         assert isinstance(a, PoolAttr)
         return _pool(ins[0], a, (shape[2], shape[3]))

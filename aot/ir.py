@@ -119,6 +119,7 @@ class Op(enum.Enum):
     MATMUL = enum.auto()  # [..., M, K] @ [..., K, N], batch dims already equal
     CONV2D = enum.auto()
     POOL2D = enum.auto()
+    ATTENTION = enum.auto()  # softmax(q @ k^T * scale + mask) @ v per head, never holding the L x S scores
 
 
 class Family:
@@ -142,7 +143,7 @@ class Family:
     REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN})
     VIEW = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.AS_STRIDED})
     MOVEMENT = VIEW | {Op.CAT, Op.PAD, Op.INDEX_SELECT, Op.GATHER}
-    LIBRARY = frozenset({Op.MATMUL, Op.CONV2D, Op.POOL2D, Op.CUMSUM})
+    LIBRARY = frozenset({Op.MATMUL, Op.CONV2D, Op.POOL2D, Op.CUMSUM, Op.ATTENTION})
 
 
 # ---- attributes: one small frozen dataclass per op kind --------------------------------------------
@@ -224,9 +225,21 @@ class PoolAttr:
     divisor: int | None = None
 
 
+@dataclass(frozen=True)
+class AttentionAttr:
+    """Inputs q [B..., Hq, L, E], k [B..., Hk, S, E], v [B..., Hk, S, Ev] and, unless ``mask`` is "none", a
+    mask of shape [B..., Hq, L, S] ("bool": True attends; "add": added to the scaled scores, q's dtype).
+    Query head h reads kv head h // (Hq / Hk). ``causal``: row i attends to keys j <= i (top-left aligned,
+    torch's is_causal). A row that attends to nothing gives zeros."""
+
+    scale: float
+    causal: bool
+    mask: str  # "none" | "bool" | "add"
+
+
 Attr = (
     InputAttr | WeightAttr | FullAttr | ArangeAttr | ReduceAttr | AxisAttr | PermuteAttr | SliceAttr | StridedAttr
-    | PadAttr | ConvAttr | PoolAttr | None
+    | PadAttr | ConvAttr | PoolAttr | AttentionAttr | None
 )  # fmt: skip
 
 

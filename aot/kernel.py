@@ -260,7 +260,39 @@ class Scan(_Facts):
     stores: tuple[Store, ...]
 
 
-Kernel = Union[Pointwise, Reduce, Matmul, Conv, Scan]  # noqa: UP007
+@dataclass(frozen=True)
+class Attention(_Facts):
+    """Fused attention, never holding the L x S scores: for each batch position (i0.., the query head last)
+    and query row l, out[l, :] = softmax_j(q[l, :] . k[j, :] * scale (+ mask[l, j])) @ v[j, :].
+
+    Operand strides: ``q`` (l, e), ``k`` (j, e), ``v`` (j, ev), ``mask`` (l, j) (0 where broadcast). Offsets
+    are over the batch variables i0..i{nb-1}; in ``k``'s and ``v``'s offsets the head variable i{nb-1} stands
+    for the kv head, h // ``group``. ``mask_kind``: "none", "bool" (True attends) or "add" (added to the
+    scaled scores). ``causal``: row l attends to j <= l. Rows that attend to nothing give zeros.
+    Stores run over (i0.. batch, i{nb} = l, i{nb+1} = ev) and read the fp32 result as ``Acc``."""
+
+    name: str
+    batch: tuple[sympy.Expr, ...]
+    group: int  # query heads per kv head
+    q_len: sympy.Expr
+    kv_len: sympy.Expr
+    head_dim: sympy.Expr
+    v_dim: sympy.Expr
+    q: Strided
+    k: Strided
+    v: Strided
+    mask: Strided | None
+    scale: float
+    causal: bool
+    mask_kind: str
+    stores: tuple[Store, ...]
+
+    @property
+    def operands(self) -> tuple[Strided, ...]:
+        return (self.q, self.k, self.v) if self.mask is None else (self.q, self.k, self.v, self.mask)
+
+
+Kernel = Union[Pointwise, Reduce, Matmul, Conv, Scan, Attention]  # noqa: UP007
 
 
 # ---- the whole program ----------------------------------------------------------------------------
@@ -337,6 +369,8 @@ def reads(k: Kernel) -> set[str]:
         out |= {k.a.buf, k.b.buf}
     if isinstance(k, Conv):
         out |= {k.x.buf, k.w.buf}
+    if isinstance(k, Attention):
+        out |= {op.buf for op in k.operands}
     return out
 
 

@@ -335,7 +335,39 @@ def _scan(k: K.Scan, bufs: dict[str, Array], syms: Mapping[str, int]) -> None:
         _store(ctx, st, full)
 
 
+def _attention(k: K.Attention, bufs: dict[str, Array], syms: Mapping[str, int]) -> None:
+    from .interp import attention  # the IR op's definition; the kernel adds only strides and the head map
+    from .ir import AttentionAttr
+
+    batch = [_int(b, syms) for b in k.batch]
+    lq, lk, e, ev = (_int(x, syms) for x in (k.q_len, k.kv_len, k.head_dim, k.v_dim))
+    nb = len(batch)
+    grids = _grids([f"i{j}" for j in range(nb)], batch)
+    env: dict[str, int | Array] = {**syms, **{n: g.reshape((*g.shape, 1, 1)) for n, g in grids.items()}}
+    head = f"i{nb - 1}"
+    kv_env = {**env, head: np.asarray(env[head]) // k.group}  # k and v offsets name the kv head
+
+    def dense(op: K.Strided, env: Env, rows: int, cols: int) -> Array:
+        got = _gather(op, bufs, env, [np.arange(rows).reshape(rows, 1), np.arange(cols).reshape(1, cols)])
+        return np.broadcast_to(got, (*batch, rows, cols))
+
+    q = dense(k.q, env, lq, e)
+    kk = dense(k.k, kv_env, lk, e)
+    v = dense(k.v, kv_env, lk, ev)
+    mask = None
+    if k.mask is not None:
+        mask = dense(k.mask, env, lq, lk)
+        mask = mask != 0 if k.mask_kind == "bool" else mask
+    shape = (*batch, lq, ev)
+    # the per-position k/v above already follow the head map: one kv head per query head
+    acc = attention(q, kk, v, mask, AttentionAttr(k.scale, k.causal, k.mask_kind))
+    ctx = _Ctx(k.name, {**syms, **_grids([f"i{j}" for j in range(nb + 2)], list(shape))}, bufs, acc=np.broadcast_to(acc, shape))
+    for st in k.stores:
+        _store(ctx, st, shape)
+
+
 _KERNELS: dict[type, Callable[..., None]] = {
+    K.Attention: _attention,
     K.Pointwise: _pointwise,
     K.Reduce: _reduce,
     K.Matmul: _matmul,

@@ -6,6 +6,7 @@ What it is not: a fixer; it names the first broken node (its number in the print
 from __future__ import annotations
 
 from .ir import (
+    AttentionAttr,
     AxisAttr,
     ConvAttr,
     DType,
@@ -97,6 +98,9 @@ def _check(n: Node, where: str) -> None:
             _fail(n, f"matmul {x.shape} @ {y.shape}", where)
         if not shapes_equal(x.shape[:-2], y.shape[:-2]):
             _fail(n, "matmul batch dims must be equal (broadcasts are explicit)", where)
+    elif op is Op.ATTENTION:
+        assert isinstance(a, AttentionAttr)
+        _check_attention(n, a, where)
     elif op is Op.CONV2D:
         assert isinstance(a, ConvAttr)
         x, w = ins
@@ -107,3 +111,25 @@ def _check(n: Node, where: str) -> None:
             _fail(n, "gather takes an int64 index of the output's shape", where)
     elif op is Op.INDEX_SELECT and (ins[1].dtype is not DType.i64 or ins[1].type.rank != 1):
         _fail(n, "index_select takes a 1-d int64 index", where)
+
+
+def _check_attention(n: Node, a: AttentionAttr, where: str) -> None:
+    q, k, v, *rest = n.inputs
+    if q.type.rank < 3 or not (q.type.rank == k.type.rank == v.type.rank == n.type.rank):
+        _fail(n, "attention takes q, k, v of one rank >= 3 ([batch..., heads, seq, dim])", where)
+    if not (q.dtype is k.dtype is v.dtype is n.dtype and q.dtype.is_float):
+        _fail(n, "attention takes q, k, v and gives a result of one float dtype", where)
+    if not (shapes_equal(q.shape[:-3], k.shape[:-3]) and shapes_equal(k.shape[:-1], v.shape[:-1])):
+        _fail(n, f"attention q {q.shape}, k {k.shape}, v {v.shape}: batch dims or kv lengths differ", where)
+    hq, hk = q.shape[-3], k.shape[-3]
+    if not dims_equal(q.shape[-1], k.shape[-1]) or not isinstance(hq, int) or not isinstance(hk, int) or hq % hk:
+        _fail(n, f"attention q {q.shape}, k {k.shape}: head dims differ or {hq} heads do not split over {hk}", where)
+    if not shapes_equal(n.shape, (*q.shape[:-1], v.shape[-1])):
+        _fail(n, f"attention result {n.shape}, expected {(*q.shape[:-1], v.shape[-1])}", where)
+    if a.mask not in ("none", "bool", "add") or len(rest) != (a.mask != "none"):
+        _fail(n, f"attention mask kind {a.mask!r} with {len(rest)} mask inputs", where)
+    if rest:
+        m = rest[0]
+        want = DType.bool if a.mask == "bool" else q.dtype
+        if m.dtype is not want or not shapes_equal(m.shape, (*q.shape[:-1], k.shape[-2])):
+            _fail(n, f"attention mask {m} must be {want.value}{[*q.shape[:-1], k.shape[-2]]} (broadcasts are explicit)", where)

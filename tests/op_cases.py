@@ -21,6 +21,7 @@ class OpCase:
     make: Callable[[], nn.Module]
     inputs: Callable[[int], tuple[torch.Tensor, ...]]
     dynamic: bool = True  # dim 0 of every input is one dynamic "batch" dim
+    dims: Callable[[], tuple] | None = None  # other dynamic dims: torch.export dynamic_shapes, one entry per input
 
 
 class Fn(nn.Module):
@@ -85,6 +86,29 @@ class InvertedResidual(nn.Module):
 
 def _mask(b: int) -> torch.Tensor:
     return torch.rand(b, 1, 8, 8) > 0.3
+
+
+def _masked_row(b: int) -> torch.Tensor:
+    m = torch.rand(b, 1, 8, 10) > 0.3
+    m[:, :, 2, :] = False  # a row that attends to nothing gives zeros
+    return m
+
+
+def _seq_dims() -> tuple:
+    """q's length L and k/v's length S dynamic, as transformers' text models are exported."""
+    seq, keys = torch.export.Dim("seq", min=2, max=64), torch.export.Dim("keys", min=2, max=64)
+    return ({2: seq}, {2: keys}, {2: keys})
+
+
+def _built_causal(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """A causal mask built by the model (as transformers' create_causal_mask does), and-ed with padding."""
+    rows = torch.arange(q.shape[-2], device=q.device)[:, None]
+    cols = torch.arange(k.shape[-2], device=q.device)[None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=(cols <= rows) & pad)
+
+
+def _attn(**kw: Any) -> nn.Module:
+    return Fn(lambda m, q, k, v, mask=None: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw))
 
 
 CASES = [
@@ -182,6 +206,20 @@ CASES = [
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16))),  # fmt: skip
     OpCase("sdpa_mask", lambda: Fn(lambda m, q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)),
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), _mask(b))),  # fmt: skip
+    OpCase("sdpa_mask_keys", _attn, lambda b: (r(b, 2, 8, 16), r(b, 2, 10, 16), r(b, 2, 10, 16),
+                                                           torch.rand(b, 1, 1, 10) > 0.3)),  # fmt: skip
+    OpCase("sdpa_additive_mask", _attn, lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 1, 8, 8))),
+    OpCase("sdpa_gqa_causal", lambda: _attn(is_causal=True, enable_gqa=True),
+           lambda b: (r(b, 4, 9, 16), r(b, 2, 9, 16), r(b, 2, 9, 16))),  # fmt: skip
+    OpCase("sdpa_value_dim_scale", lambda: _attn(scale=0.3),
+           lambda b: (r(b, 3, 7, 16), r(b, 3, 11, 16), r(b, 3, 11, 24))),  # fmt: skip
+    OpCase("sdpa_masked_row", _attn, lambda b: (r(b, 2, 8, 16), r(b, 2, 10, 16), r(b, 2, 10, 16), _masked_row(b))),
+    OpCase("sdpa_causal_rect", lambda: _attn(is_causal=True), lambda b: (r(b, 2, 6, 16), r(b, 2, 9, 16), r(b, 2, 9, 16))),
+    OpCase("sdpa_built_causal_mask", lambda: Fn(_built_causal),
+           lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), torch.rand(b, 1, 1, 8) > 0.2)),  # fmt: skip
+    OpCase("sdpa_dynamic_lengths", lambda: Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+                                              .reshape(q.shape[0], q.shape[2], -1)),
+           lambda b: (r(2, 2, b, 16), r(2, 2, b + 4, 16), r(2, 2, b + 4, 16)), dims=_seq_dims),  # fmt: skip
     OpCase("outputs_float_int", lambda: Fn(lambda m, x: (x.softmax(-1), *x.split([2, 3], 1), (x > 0).sum(-1), x.amax(1))),
            lambda b: (r(b, 5, 6),)),  # fmt: skip
     OpCase("static_shapes", lambda: nn.Sequential(nn.Linear(8, 8), nn.Tanh()), lambda b: (r(3, 8),), dynamic=False),
@@ -191,6 +229,8 @@ CASES = [
 def dynamic_shapes(case: OpCase, inputs: tuple[torch.Tensor, ...]) -> tuple | None:
     if not case.dynamic:
         return None
+    if case.dims is not None:
+        return case.dims()
     batch = torch.export.Dim("batch", min=1, max=16)
     return tuple({0: batch} for _ in inputs)
 

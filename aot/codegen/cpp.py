@@ -62,6 +62,8 @@ def kernel_buffers(k: K.Kernel) -> tuple[list[str], set[str]]:
         reads += [k.a.buf, k.b.buf]
     if isinstance(k, K.Conv):
         reads += [k.x.buf, k.w.buf]
+    if isinstance(k, K.Attention):
+        reads += [op.buf for op in k.operands]
     if isinstance(k, K.Reduce):
         for step in k.steps:
             reads += _loads(step.value)
@@ -101,7 +103,7 @@ class KernelWriter:
         self.vals.w = body
         emit = {
             K.Pointwise: self._pointwise, K.Reduce: self._reduce, K.Matmul: self._matmul,
-            K.Conv: self._conv, K.Scan: self._scan,
+            K.Conv: self._conv, K.Scan: self._scan, K.Attention: self._attention,
         }[type(self.k)]  # fmt: skip
         emit()
         out = Writer(INDENT)
@@ -319,7 +321,7 @@ class KernelWriter:
 
     def _epilogue(self) -> None:
         k = self.k
-        assert isinstance(k, K.Matmul | K.Conv)
+        assert isinstance(k, K.Matmul | K.Conv | K.Attention)
         with self.vals.scope([st.value for st in k.stores]):
             for st in k.stores:
                 self.vals.store(st)
@@ -375,6 +377,58 @@ class KernelWriter:
         with self.w.block(head, "});"):
             self.w.line("const int64_t aotc_ow = aotc_s.OW;")
             self._checked_epilogue(tile)
+        if self.k.has_gather:
+            self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
+
+    # -- attention --
+
+    def _attention(self) -> None:
+        k = self.k
+        assert isinstance(k, K.Attention)
+        nb = len(k.batch)
+        sizes = self._sizes("b", k.batch)
+        for name, e in (("L", k.q_len), ("S", k.kv_len), ("E", k.head_dim), ("Ev", k.v_dim)):
+            self.w.line(f"const int64_t aotc_{name} = {to_c(e)};")
+        self.ctx.acc_dtype = ACC_DTYPE["float"]
+        head = f"i{nb - 1}"
+        kv_head = sympy.Symbol("aotc_kvh", integer=True, nonnegative=True)
+
+        def operand(op: K.Strided | None, kv: bool) -> str:
+            if op is None:
+                return "static_cast<const float*>(nullptr), [](int64_t) -> int64_t { return 0; }, 0, 0"
+            expr = sympy.sympify(op.offset)
+            if kv:  # k's and v's offsets name the kv head with the head variable
+                expr = expr.subs(sympy.Symbol(head, integer=True, nonnegative=True), kv_head)
+            fn = self._offset_fn(expr, sizes)
+            if kv:
+                fn = fn.replace(" return ", f" [[maybe_unused]] const int64_t aotc_kvh = {head} / {k.group}; return ", 1)
+            ptr = operand_ptr(self.ctx.bufs[op.buf], op.dtype)
+            return f"{ptr}, {fn}, {to_c(op.strides[0])}, {to_c(op.strides[1])}"
+
+        kinds = {"none": 0, "bool": 1, "add": 2}
+        self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
+        scale = f"static_cast<float>({k.scale!r})"
+        self.w.line(f"aotc_attention({self._work(sizes)}, aotc_L, aotc_S, aotc_E, aotc_Ev, {scale}, "
+                    f"{'true' if k.causal else 'false'}, {kinds[k.mask_kind]},")  # fmt: skip
+        with self.w.indent(2):
+            self.w.line(f"{operand(k.q, False)},")
+            self.w.line(f"{operand(k.k, True)},")
+            self.w.line(f"{operand(k.v, True)},")
+            self.w.line(f"{operand(k.mask, False)},")
+            head_fn = "[&](int64_t aotc_b, int64_t aotc_l0, int64_t aotc_lb, const float* aotc_tile, int64_t aotc_ldt)"
+            row, col = f"i{nb}", f"i{nb + 1}"
+
+            def tile() -> None:
+                with self.w.block(f"for (int64_t {row} = aotc_l0; {row} < aotc_l0 + aotc_lb; ++{row})"):
+                    self.w.line(f"const float* aotc_row = aotc_tile + ({row} - aotc_l0) * aotc_ldt;")
+                    self.ctx.acc = f"aotc_row[{col}]"
+                    self.w.line(self._omp("simd"))
+                    with self.w.block(f"for (int64_t {col} = 0; {col} < aotc_Ev; ++{col})"):
+                        self._epilogue()
+
+            with self.w.block(head_fn, "});"):
+                self._batch_vars(sizes, "aotc_b")
+                self._checked_epilogue(tile)
         if self.k.has_gather:
             self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
 
@@ -456,6 +510,8 @@ def generate(prog: K.Plan, options: BuildOptions) -> str:
         headers.append("matmul.h")
     if "Conv" in uses:
         headers.append("conv.h")
+    if "Attention" in uses:
+        headers.append("attention.h")
     for h in headers:
         w.line(f'#include "{h}"')
     w.line("#include <omp.h>")

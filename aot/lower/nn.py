@@ -12,7 +12,7 @@ from typing import Any
 from aotc.errors import UnsupportedOp
 
 from ..builder import Builder, broadcast_shapes
-from ..ir import ArangeAttr, AxisAttr, ConvAttr, DType, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim, dims_equal
+from ..ir import ArangeAttr, AttentionAttr, AxisAttr, ConvAttr, DType, FullAttr, Node, Op, PoolAttr, ReduceAttr, Shape, as_dim, dims_equal
 from .table import Ctx, aten, compute_dtype, lower, norm_axis
 
 # ---- reductions ------------------------------------------------------------------------------------
@@ -211,36 +211,114 @@ def _sdpa(c: Ctx) -> Node:
     mask = c.kw("attn_mask", 3)
     causal = bool(c.kw("is_causal", 5, False))
     scale = c.kw("scale", 6)
-    gqa = bool(c.kw("enable_gqa", 7, False))
     b, dt = c.b, c.out_dtype
-    if gqa and not dims_equal(q.shape[-3], k.shape[-3]):
-        rep = int(q.shape[-3]) // int(k.shape[-3])
-        k, v = (_repeat_heads(b, t, rep) for t in (k, v))
     e = q.shape[-1]
-    scale = scale if scale is not None else 1.0 / math.sqrt(int(e)) if isinstance(e, int) else None
-    if scale is None:
+    if scale is None and not isinstance(e, int):
         raise UnsupportedOp("scaled_dot_product_attention with a dynamic head dimension")
-    kt = b.permute(k, (*range(k.type.rank - 2), k.type.rank - 1, k.type.rank - 2))
-    scores = b.ew(Op.MUL, matmul(b, q, kt, dt), float(scale))
-    L, S = scores.shape[-2], scores.shape[-1]
-    if causal:
-        rows = b.reshape(b.add(Op.ARANGE, (), DType.i64, (L,), ArangeAttr(0, 1)), (L, 1))
-        cols = b.reshape(b.add(Op.ARANGE, (), DType.i64, (S,), ArangeAttr(0, 1)), (1, S))
-        scores = b.where(b.ew(Op.GE, rows, cols), scores, float("-inf"), dt)
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(e)
+    squeeze = q.type.rank == 2  # [L, E]: one head of its own
+    if squeeze:
+        q, k, v = (b.reshape(t, (1, *t.shape)) for t in (q, k, v))
+    batch = broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    q = b.broadcast_to(b.cast(q, dt), (*batch, *q.shape[-3:]))
+    k = b.broadcast_to(b.cast(k, dt), (*batch, *k.shape[-3:]))
+    v = b.broadcast_to(b.cast(v, dt), (*batch, *v.shape[-3:]))
+    # GQA (enable_gqa): query head h reads kv head h // (Hq / Hk) by index inside the kernel, no copies.
+    # Heads repeated by the model (transformers' repeat_kv: expand + reshape) are read the same way.
+    k0, v0 = _kv_heads(b, k), _kv_heads(b, v)
+    if k0.shape[-3] == v0.shape[-3] and k0 is not k:
+        k, v = k0, v0
+    if mask is not None and mask.dtype is DType.bool:  # a causal mask built by the model becomes the flag
+        found, rest = _causal_part(b, mask)
+        if found:
+            causal, mask = True, rest
+    ins = [q, k, v]
+    kind = "none"
     if mask is not None:
-        scores = b.where(mask, scores, float("-inf"), dt) if mask.dtype is DType.bool else b.ew(Op.ADD, scores, mask, dtype=dt)
-    scores = b.cast(scores, compute_dtype(dt))
-    probs = softmax(b, scores, scores.type.rank - 1)
-    # rows that are masked everywhere give zeros, as torch's SDPA does (not NaN)
-    probs = b.where(b.ew(Op.NE, probs, probs), 0.0, probs, probs.dtype)
-    return matmul(b, b.cast(probs, dt), v, dt)
+        kind = "bool" if mask.dtype is DType.bool else "add"
+        mask = b.cast(mask, DType.bool if kind == "bool" else dt)
+        ins.append(b.broadcast_to(mask, (*q.shape[:-1], k.shape[-2])))
+    out = b.add(Op.ATTENTION, ins, dt, (*q.shape[:-1], v.shape[-1]), AttentionAttr(scale, causal, kind))
+    return b.reshape(out, out.shape[1:]) if squeeze else out
 
 
-def _repeat_heads(b: Builder, t: Node, rep: int) -> Node:
-    *batch, h, s, d = t.shape
-    x = b.reshape(t, (*batch, h, 1, s, d))
-    x = b.broadcast_to(x, (*batch, h, rep, s, d))
-    return b.reshape(x, (*batch, h * rep, s, d))
+def _is_one(d: Any) -> bool:
+    return isinstance(d, int) and d == 1
+
+
+def _position(n: Node) -> tuple[int, Any] | None:
+    """(axis, offset) when every element of ``n`` is its index along ``axis`` plus ``offset``: an arange
+    (plus a constant) reshaped onto one axis and broadcast, as masks are built; else None."""
+    while n.op is Op.EXPAND:
+        n = n.inputs[0]
+    axes = [k for k, d in enumerate(n.shape) if not _is_one(d)]
+    if n.op is not Op.RESHAPE or len(axes) != 1:
+        return None
+    axis = axes[0]
+    while n.op is Op.RESHAPE and sum(not _is_one(d) for d in n.shape) == 1:
+        n = n.inputs[0]
+    offset: Any = 0
+    if n.op is Op.ADD:
+        a, c = n.inputs
+        if a.op is not Op.ARANGE:
+            a, c = c, a
+        while c.op in (Op.EXPAND, Op.RESHAPE):
+            c = c.inputs[0]
+        if c.op is not Op.FULL or not isinstance(c.attr, FullAttr) or not isinstance(c.attr.value, int):
+            return None
+        offset, n = c.attr.value, a
+    if n.op is not Op.ARANGE or not isinstance(n.attr, ArangeAttr) or n.attr.step != 1 or n.type.rank != 1:
+        return None
+    return axis, offset + n.attr.start
+
+
+def _leading_ones(m: Node) -> bool:
+    """A reshape that only puts unit dims in front (rank extension for broadcasting)."""
+    src, dst = m.inputs[0].shape, m.shape
+    k = len(dst) - len(src)
+    return k >= 0 and all(_is_one(d) for d in dst[:k]) and all(dims_equal(a, c) for a, c in zip(dst[k:], src, strict=True))
+
+
+def _causal_part(b: Builder, m: Node) -> tuple[bool, Node | None]:
+    """Split a bool mask into (whether it contains col <= row, top-left aligned, and-ed in; the rest of it, None
+    where nothing is left). transformers builds causal masks as such expressions (create_causal_mask)."""
+    while m.op is Op.EXPAND or (m.op is Op.RESHAPE and _leading_ones(m)):
+        m = m.inputs[0]
+    const = m
+    while const.op in (Op.EXPAND, Op.RESHAPE):
+        const = const.inputs[0]
+    if const.op is Op.FULL and isinstance(const.attr, FullAttr) and const.attr.value is True:
+        return False, None
+    if m.op in (Op.LE, Op.GE) and m.type.rank >= 2:
+        cols, rows = m.inputs if m.op is Op.LE else m.inputs[::-1]
+        c, r = _position(cols), _position(rows)
+        if c is not None and r is not None and (c[0], r[0]) == (m.type.rank - 1, m.type.rank - 2) and c[1] == r[1]:
+            return True, None
+    if m.op is Op.AND:
+        (ca, ra), (cb, rb) = (_causal_part(b, x) for x in m.inputs)
+        if ca or cb:
+            rest = ra if rb is None else rb if ra is None else b.ew(Op.AND, ra, rb)
+            return True, rest
+    return False, m
+
+
+def _kv_heads(b: Builder, t: Node) -> Node:
+    """``t`` [..., Hk * rep, S, E] made by repeating each kv head ``rep`` times (reshape of an expand of
+    [..., Hk, 1, S, E]) as the [..., Hk, S, E] it repeats; else ``t``."""
+    if t.op is not Op.RESHAPE or t.inputs[0].op is not Op.EXPAND:
+        return t
+    ex = t.inputs[0]
+    src = ex.inputs[0]
+    ok = (
+        ex.type.rank == t.type.rank + 1
+        and src.shape[-3] == 1
+        and isinstance(ex.shape[-4], int)
+        and isinstance(t.shape[-3], int)
+        and ex.shape[-4] * ex.shape[-3] == t.shape[-3]
+        and all(dims_equal(x, y) for x, y in zip(ex.shape[:-3], src.shape[:-3], strict=True))
+        and all(dims_equal(x, y) for x, y in zip((*ex.shape[:-4], *ex.shape[-2:]), (*t.shape[:-3], *t.shape[-2:]), strict=True))
+    )
+    return b.reshape(src, (*src.shape[:-3], *src.shape[-2:])) if ok else t
 
 
 def _pair(v: Any, n: int = 2) -> tuple[int, ...]:

@@ -609,6 +609,116 @@ def conv_channels_last() -> Case:
 def conv_channels_last_bf16() -> Case:
     keys = ("block3x3", "pw1x1", "stem", "dw3x3")
     return _conv_cl("conv_cl_bf16", {k: CL_SPECS[k] for k in keys}, DType.bf16, 5e-2)
+# ---- attention (flash-style kernels: the L x S scores never reach memory) -------------------------------
+
+
+def attention_ref(q: Array, k: Array, v: Array, keep: Array | None = None, add: Array | None = None, *,
+                  scale: float, causal: bool = False) -> Array:  # fmt: skip
+    """softmax(q k^T * scale + add, where keep) @ v in float64 over [..., H, L, E]; kv heads repeat for GQA;
+    a row with no key left gives zeros."""
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    rep = q.shape[-3] // k.shape[-3]
+    k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if add is not None:
+        s = s + add
+    ok = np.ones(s.shape, bool)
+    if keep is not None:
+        ok &= keep
+    if causal:
+        ok &= np.tril(np.ones(s.shape[-2:], bool))
+    s = np.where(ok, s, -np.inf)
+    top = s.max(-1, keepdims=True)
+    p = np.where(ok, np.exp(s - np.where(np.isfinite(top), top, 0)), 0.0)
+    total = p.sum(-1, keepdims=True)
+    return (p / np.where(total > 0, total, 1)) @ v
+
+
+def attention_causal_gqa() -> Case:
+    """Causal GQA (4 query heads over 2 kv heads) with a dynamic length; the epilogue stores through
+    attn.transpose(1, 2).reshape(B, L, H * E), as transformers do."""
+    L = S0
+    q = K.Strided("q", i0 * 4 * L * 32 + i1 * L * 32, (32, 1), F32)
+    kk = K.Strided("k", i0 * 2 * L * 32 + i1 * L * 32, (32, 1), F32)  # i1 names the kv head here
+    v = K.Strided("v", i0 * 2 * L * 32 + i1 * L * 32, (32, 1), F32)
+    store = st("y", i0 * L * 128 + i2 * 128 + i1 * 32 + i3, K.Acc())
+    k = K.Attention("attn_causal_gqa", (2, 4), 2, L, L, 32, 32, q, kk, v, None, 32**-0.5, True, "none", (store,))
+    prog = program(
+        [sym("s0", 1, 256)],
+        [buf("q", F32, (2, 4, L, 32), "input"), buf("k", F32, (2, 2, L, 32), "input"), buf("v", F32, (2, 2, L, 32), "input")],
+        [buf("y", F32, (2, L, 128), "output")],
+        [],
+        [k],
+    )
+
+    def ref(inp: Arrays, wt: Arrays) -> Arrays:
+        o = attention_ref(inp["q"], inp["k"], inp["v"], scale=32**-0.5, causal=True)
+        return {"y": o.transpose(0, 2, 1, 3).reshape(2, -1, 128)}
+
+    return Case("attention_causal_gqa", prog, ref, [{"s0": 5}, {"s0": 70}], rtol=1e-4, atol=1e-4)
+
+
+def attention_mask_bf16() -> Case:
+    """bf16, L != S (two symbols), a bool mask [B, L, S] broadcast over heads (head stride 0) with one row
+    masked everywhere (zeros), the result rounded to bf16 by the epilogue."""
+    L, S = S0, S1
+    bf = DType.bf16
+    q = K.Strided("q", i0 * 3 * L * 64 + i1 * L * 64, (64, 1), bf)
+    kk = K.Strided("k", i0 * 3 * S * 64 + i1 * S * 64, (64, 1), bf)
+    v = K.Strided("v", i0 * 3 * S * 64 + i1 * S * 64, (64, 1), bf)
+    m = K.Strided("m", i0 * L * S, (S, 1), BOOL)
+    store = st("y", i0 * 3 * L * 64 + i1 * L * 64 + i2 * 64 + i3, un(Op.CAST, K.Acc(), bf))
+    k = K.Attention("attn_mask_bf16", (2, 3), 1, L, S, 64, 64, q, kk, v, m, 0.125, False, "bool", (store,))
+    prog = program(
+        [sym("s0", 1, 256), sym("s1", 1, 256)],
+        [buf("q", bf, (2, 3, L, 64), "input"), buf("k", bf, (2, 3, S, 64), "input"), buf("v", bf, (2, 3, S, 64), "input"),
+         buf("m", BOOL, (2, L, S), "input")],  # fmt: skip
+        [buf("y", bf, (2, 3, L, 64), "output")],
+        [],
+        [k],
+    )
+    bf16 = np.dtype(bf.numpy())
+
+    def make(env: dict[str, int], g: np.random.Generator) -> tuple[Arrays, Arrays]:
+        lq, lk = env["s0"], env["s1"]
+        mask = g.uniform(size=(2, lq, lk)) > 0.3
+        mask[1, min(3, lq - 1), :] = False
+        ins = {n: rnd(g, 2, 3, n_, 64).astype(bf16) for n, n_ in (("q", lq), ("k", lk), ("v", lk))}
+        return {**ins, "m": mask}, {}
+
+    def ref(inp: Arrays, wt: Arrays) -> Arrays:
+        return {"y": attention_ref(inp["q"], inp["k"], inp["v"], inp["m"][:, None], scale=0.125)}
+
+    return Case("attention_mask_bf16", prog, ref, [{"s0": 7, "s1": 19}, {"s0": 130, "s1": 67}], rtol=2e-2, atol=2e-2,
+                precision="bf16", make=make)  # fmt: skip
+
+
+def attention_additive() -> Case:
+    """Causal with L > S (rows past S see every key), an additive mask [B, 1, L, S] (head stride 0), Ev != E,
+    an explicit scale and a bias epilogue."""
+    q = K.Strided("q", i0 * 2 * 9 * 16 + i1 * 9 * 16, (16, 1), F32)
+    kk = K.Strided("k", i0 * 2 * 6 * 16 + i1 * 6 * 16, (16, 1), F32)
+    v = K.Strided("v", i0 * 2 * 6 * 24 + i1 * 6 * 24, (24, 1), F32)
+    m = K.Strided("m", i0 * 9 * 6, (6, 1), F32)
+    val = bin_(Op.ADD, K.Acc(), ld("bias", i3))
+    store = st("y", i0 * 2 * 9 * 24 + i1 * 9 * 24 + i2 * 24 + i3, val)
+    k = K.Attention("attn_additive", (S0, 2), 1, 9, 6, 16, 24, q, kk, v, m, 0.3, True, "add", (store,))
+    prog = program(
+        BATCH,
+        [buf("q", F32, (S0, 2, 9, 16), "input"), buf("k", F32, (S0, 2, 6, 16), "input"),
+         buf("v", F32, (S0, 2, 6, 24), "input"), buf("m", F32, (S0, 1, 9, 6), "input")],  # fmt: skip
+        [buf("y", F32, (S0, 2, 9, 24), "output")],
+        [buf("bias", F32, (24,), "weight")],
+        [k],
+    )
+
+    def make(n: int, g: np.random.Generator) -> tuple[list[Array], list[Array]]:
+        return [rnd(g, n, 2, 9, 16), rnd(g, n, 2, 6, 16), rnd(g, n, 2, 6, 24), rnd(g, n, 1, 9, 6)], [rnd(g, 24)]
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        return [attention_ref(ins[0], ins[1], ins[2], add=ins[3], scale=0.3, causal=True) + ws[0]]
+
+    return listed("attention_additive", prog, make, ref, 1e-5, 1e-5)
 
 
 GPU_CASES: list[Callable[[], Case]] = [
@@ -630,6 +740,8 @@ GPU_CASES: list[Callable[[], Case]] = [
     integer_ops,
     conv_channels_last,
     conv_channels_last_bf16,
+    attention_causal_gqa,
+    attention_mask_bf16,
 ]
 
 
@@ -1181,6 +1293,7 @@ CPU_CASES: list[Callable[[], Case]] = [
     half,
     gathers_reduce_epilogue,
     index_math,
+    attention_additive,
 ]
 
 

@@ -3,7 +3,7 @@
 What it is: a printer. Each kernel becomes a module text whose function takes buffer pointers and the shape
 symbols it needs as arguments, so one cubin serves every symbol value; the launch grid is a size expression
 in the package grammar. ``WRITERS`` maps each kernel class to the function that writes it: loops.py for
-Pointwise, Reduce and Scan, one file of templates/ per library kernel (Matmul, Conv). A new template is one
+Pointwise, Reduce and Scan, one file of templates/ per library kernel (Matmul, Conv, Attention). A new template is one
 new file there and one row here. values.py is the value printer they all share.
 What it is not: a compiler driver. ``cubin.py`` turns the text into cubins and the manifest's CUDA target.
 """
@@ -20,7 +20,7 @@ from ...options import BuildOptions
 from . import loops
 from .configs import Config, Shape
 from .sizes import index_is_i64
-from .templates import conv, matmul
+from .templates import attention, conv, matmul
 from .values import Param, TritonKernel
 
 __all__ = ["SHAPES", "WRITERS", "Config", "Param", "Shape", "TritonKernel", "generate", "index_is_i64"]
@@ -32,6 +32,7 @@ WRITERS: dict[type, Callable[[K.Program, Any, bool, BuildOptions, int], TritonKe
     K.Scan: loops.scan,
     K.Matmul: matmul.matmul,
     K.Conv: conv.conv,
+    K.Attention: attention.attention,
 }
 
 

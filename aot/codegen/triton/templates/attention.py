@@ -1,0 +1,156 @@
+"""The Attention template: flash-attention forward. One program per (block of BLOCK_M query rows, batch
+position); it walks the keys in BLOCK_N blocks with an online softmax in fp32 (exp2, the scale folded into
+log2(e)), so the L x S scores never reach memory, and stores through the kernel's epilogue.
+
+Note: the key loop is split in two. Full blocks (below the causal diagonal, inside S) run with no element
+masks at all; the rest (the diagonal blocks, a ragged last block) apply the causal and length masks. Blocks
+past the diagonal are never visited (the loop bound), and the heaviest row blocks are launched first.
+Masks (bool or additive) are loaded with their strides, 0 where broadcast, in both loops.
+"""
+
+from __future__ import annotations
+
+import sympy
+from aotc.errors import CompileError
+
+from .... import kernel as K
+from ....ir import DType
+from ....options import BuildOptions
+from ..sizes import grid_size, hint, prod
+from ..values import NO_AXES, TL, XR, Gen, R, TritonKernel, X, next_pow2
+from .dot import DOT_TYPES, bind, dot_line, masks
+
+LOG2E = 1.4426950408889634
+
+
+def attention_config(head_dim: int, dtype: DType, sm: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim and operand type (the type the dots run in).
+    The one place tiles are chosen, so a tuner can replace it."""
+    stages = 3 if sm >= 80 else 2
+    if dtype is DType.f32:  # ieee fp32 dots run on FMA units: small tiles
+        return (64, 32, 4, 2) if head_dim <= 64 else (32, 32, 4, 2)
+    if head_dim <= 64:
+        return 128, 64, 4, stages
+    if head_dim <= 128:
+        return 128, 64, 8, stages
+    return 64, 32, 4, 2
+
+
+def attention(prog: K.Program, k: K.Attention, index_i64: bool, options: BuildOptions, sm: int) -> TritonKernel:
+    dt = k.q.dtype
+    if not (k.q.dtype is k.k.dtype is k.v.dtype) or dt not in DOT_TYPES:
+        raise CompileError(f"attention {k.name!r}: operands must share one of fp32/fp16/bf16, got "
+                           f"{k.q.dtype.value}, {k.k.dtype.value}, {k.v.dtype.value}")  # fmt: skip
+    if not isinstance(k.head_dim, int | sympy.Integer) or not isinstance(k.v_dim, int | sympy.Integer):
+        raise CompileError(f"attention {k.name!r}: head dims must be static, got {k.head_dim}, {k.v_dim}")
+    e, ev = int(k.head_dim), int(k.v_dim)
+    g = Gen(prog, index_i64, ("BLOCK_M", "BLOCK_DV"))
+    run_dt = DType.bf16 if dt is DType.f32 and options.precision == "bf16" else dt
+    bm, bn, warps, stages = attention_config(max(e, ev), run_dt, sm)
+    bm = min(bm, max(16, next_pow2(hint(prog, k.q_len))))
+    bn = min(bn, bm, max(16, next_pow2(hint(prog, k.kv_len))))
+    bd, bdv = max(16, next_pow2(e)), max(16, next_pow2(ev))
+    w = g.w
+    L, _ = g.index(k.q_len)
+    S, _ = g.index(k.kv_len)
+    nb = len(k.batch)
+    w.line(f"pid = {g.pid()}")
+    w.line(f"tiles_m = ({L} + BLOCK_M - 1) // BLOCK_M")
+    w.line("bidx = pid // tiles_m")
+    w.line("pid_m = tiles_m - 1 - pid % tiles_m")  # the longest (causal) row blocks first
+    g.decompose("bidx", k.batch, "i", NO_AXES)
+    w.line("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w.line("rd = tl.arange(0, BLOCK_D)")
+    w.line("rv = tl.arange(0, BLOCK_DV)")
+    q_off, _ = g.index(k.q.offset)
+    head = f"i{nb - 1}"
+    w.line(f"kvh = {head} // {k.group}")
+    saved = g.loopvars[head]
+    g.loopvars[head] = ("kvh", NO_AXES)  # k's and v's offsets name the kv head with the head variable
+    k_off, _ = g.index(k.k.offset)
+    v_off, _ = g.index(k.v.offset)
+    g.loopvars[head] = saved
+    sql, sqe = (g.index(s)[0] for s in k.q.strides)
+    sks, ske = (g.index(s)[0] for s in k.k.strides)
+    svs, sve = (g.index(s)[0] for s in k.v.strides)
+    pq, pk, pv = g.ptr(k.q.buf), g.ptr(k.k.buf), g.ptr(k.v.buf)
+    dmask = f" & (rd[None, :] < {e})" if bd != e else ""
+    w.line(f"q = tl.load({pq} + {q_off} + rm[:, None] * {sql} + rd[None, :] * {sqe}, mask=(rm[:, None] < {L}){dmask}, other=0)")
+    w.line(f"m_i = tl.full([BLOCK_M], float(\"-inf\"), {TL[DType.f32]})")
+    w.line("l_i = tl.zeros([BLOCK_M], tl.float32)")
+    w.line("o = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)")
+    mask_load = ""
+    if k.mask is not None:
+        m_off, _ = g.index(k.mask.offset)
+        sml, sms = (g.index(s)[0] for s in k.mask.strides)
+        pm = g.ptr(k.mask.buf)
+        mask_at = f"{pm} + {m_off} + rm[:, None] * {sml} + rn[None, :] * {sms}"
+        mask_load = f"tl.load({mask_at}, mask=(rm[:, None] < {L}) & (rn[None, :] < {S}), other=0)"
+    # full key blocks end at S rounded down to BLOCK_N (and, causal, at this row block's first row)
+    full = f"{S} // BLOCK_N * BLOCK_N"
+    hi = f"tl.minimum({S}, (pid_m + 1) * BLOCK_M)" if k.causal else S
+    if k.causal:
+        full = f"tl.minimum(pid_m * BLOCK_M, {full})"
+
+    def body(edge: bool) -> None:
+        w.line("rn = n0 + tl.arange(0, BLOCK_N)")
+        kd = f"(rd[:, None] < {e})" if bd != e else ""
+        kn = f"(rn[None, :] < {S})" if edge else ""
+        kmask = " & ".join(x for x in (kn, kd) if x)
+        w.line(f"kt = tl.load({pk} + {k_off} + rn[None, :] * {sks} + rd[:, None] * {ske}{_masked(kmask)})")
+        w.line("acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
+        w.line(dot_line("q", "kt", dt, options))
+        w.line(f"qk = acc * {k.scale * LOG2E!r}")
+        keep = []
+        if edge:
+            keep.append(f"(rn[None, :] < {S})")
+            if k.causal:
+                keep.append("(rm[:, None] >= rn[None, :])")
+        if k.mask_kind == "bool":
+            keep.append(f"({mask_load} != 0)")
+        elif k.mask_kind == "add":
+            w.line(f"qk = qk + {mask_load}.to(tl.float32) * {LOG2E!r}")
+        if keep:
+            w.line(f"qk = tl.where({' & '.join(keep)}, qk, float(\"-inf\"))")
+        w.line("m_new = tl.maximum(m_i, tl.max(qk, 1))")
+        if keep or k.mask_kind == "add":  # a row may have no key yet: keep exp2's argument finite
+            w.line("m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)")
+        else:
+            w.line("m_use = m_new")
+        w.line("alpha = tl.exp2(m_i - m_use)")
+        w.line("p = tl.exp2(qk - m_use[:, None])")
+        w.line("l_i = l_i * alpha + tl.sum(p, 1)")
+        vd = f"(rv[None, :] < {ev})" if bdv != ev else ""
+        vn = f"(rn[:, None] < {S})" if edge else ""
+        vmask = " & ".join(x for x in (vn, vd) if x)
+        w.line(f"vv = tl.load({pv} + {v_off} + rn[:, None] * {svs} + rv[None, :] * {sve}{_masked(vmask)})")
+        w.line("acc = o * alpha[:, None]")
+        w.line(dot_line("p" if dt is DType.f32 else f"p.to({TL[dt]})", "vv", dt, options))
+        w.line("o = acc")
+        w.line("m_i = m_new")
+
+    w.line(f"for n0 in range(0, {full}, BLOCK_N):")
+    with w.indent():
+        body(edge=False)
+    ragged = not (isinstance(k.kv_len, int | sympy.Integer) and int(k.kv_len) % bn == 0)
+    if k.causal or ragged:
+        w.line(f"for n0 in range({full}, {hi}, BLOCK_N):")
+        with w.indent():
+            body(edge=True)
+    w.line("out = o / tl.where(l_i > 0, l_i, 1.0)[:, None]")  # a row with no key left: o is 0, so zeros
+    bind(g, f"i{nb}", "rm[:, None]", X)
+    bind(g, f"i{nb + 1}", "rv[None, :]", R)
+    masks(g, f"i{nb} < {L}", f"i{nb + 1} < {ev}")
+    g.acc = ("out", XR)
+    for st in k.stores:
+        g.store(st, "omask")
+    tiles = prod((sympy.ceiling(sympy.sympify(k.q_len) / bm), *k.batch))
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd, "BLOCK_DV": bdv}
+    return g.finish(k.name, w, consts, (grid_size(tiles), 1, 1), num_warps=warps, num_stages=stages)
+
+
+def _masked(mask: str) -> str:
+    return f", mask={mask}, other=0" if mask else ""
+
+
+__all__ = ["LOG2E", "attention", "attention_config"]
