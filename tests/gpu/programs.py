@@ -609,6 +609,8 @@ def conv_channels_last() -> Case:
 def conv_channels_last_bf16() -> Case:
     keys = ("block3x3", "pw1x1", "stem", "dw3x3")
     return _conv_cl("conv_cl_bf16", {k: CL_SPECS[k] for k in keys}, DType.bf16, 5e-2)
+
+
 # ---- attention (flash-style kernels: the L x S scores never reach memory) -------------------------------
 
 
