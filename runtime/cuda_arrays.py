@@ -98,6 +98,7 @@ def device_ptr(
         get = ctypes.pythonapi.PyCapsule_GetPointer
         get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
         dl = drv.ffi.cast("DLManagedTensor *", get(cap, b"dltensor")).dl_tensor
+        want = np_dtype(t.dtype)
         name = _DL_DTYPES.get((int(dl.dtype.code), int(dl.dtype.bits)))
         if name != t.dtype or int(dl.dtype.lanes) != 1:
             got_dt = name or (int(dl.dtype.code), int(dl.dtype.bits))

@@ -249,6 +249,30 @@ def test_dropped_outputs_are_reused_not_freed(fake: FakeLib) -> None:
     ex.close()
 
 
+class _CudaDLPack:
+    """A numpy array that says it lives on cuda:0 through DLPack (the fake's device memory is host memory)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.a.__dlpack__()
+
+
+def test_dlpack_input_used_in_place(fake: FakeLib) -> None:
+    scale_on_launch(fake, np.dtype(np.float32))
+    ex = executor(*scale_target())
+    x = np.arange(16, dtype=np.float32)
+    for _ in range(2):  # the second call goes through the checks' cache
+        (y,) = ex.run([_CudaDLPack(x)], {"n": 16})
+        np.testing.assert_array_equal(y, x * np.float32(2.5))
+    with pytest.raises(InputMismatch, match="float32"):
+        ex.run([_CudaDLPack(x.astype(np.float64))], {"n": 16})
+
+
 def test_misaligned_device_input_is_staged(fake: FakeLib) -> None:
     scale_on_launch(fake, np.dtype(np.float32))
     ex = executor(*scale_target())
