@@ -80,19 +80,28 @@ def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
     return TensorSpec(name, dtype.value, tuple(to_size(d) for d in shape))
 
 
-def _cpu_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CpuTarget, dict[str, bytes]]:
+def _cpu_target(
+    prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path, weights: dict[str, np.ndarray]
+) -> tuple[CpuTarget, dict[str, bytes]]:
     from .codegen import cpp
+    from .codegen.cpp_pack import pack_array, pack_plan
     from .compile import compile_cpp
 
+    prog, packs = pack_plan(prog, target.arch)
     source = cpp.generate(prog, options)
     lib = compile_cpp(source, target, options, cache_dir)
     member = f"cpu/{target.arch}/model.so"
+    members = {member: lib.so_bytes}
+    packed = None
+    if packs:
+        named = [(prog.labels[p.name], pack_array(p, weights[prog.labels[p.source]])) for p in packs]
+        packed, members[f"cpu/{target.arch}/packed.safetensors"] = weights_member(named, f"cpu/{target.arch}/packed.safetensors")
     spec = CpuTarget(
         level=target.arch, features=tuple(LEVEL_FEATURES[target.arch]), library=member, abi_version=1,
         arena_bytes=to_size(prog.arena_size), compiler=lib.compiler_version, flags=tuple(lib.flags),
-        kernels=tuple(k.name for k in prog.kernels), min_glibc=lib.min_glibc,
+        kernels=tuple(k.name for k in prog.kernels), min_glibc=lib.min_glibc, packed=packed,
     )  # fmt: skip
-    return spec, {member: lib.so_bytes}
+    return spec, members
 
 
 def _cuda_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTarget, dict[str, bytes]]:
@@ -171,7 +180,10 @@ def build_captured(
     targets: list[CpuTarget | CudaTarget] = []
     for t in options.targets:
         with _stage(seconds, str(t)):
-            spec, mem = (_cpu_target if t.kind == "cpu" else _cuda_target)(prog, t, options, cache_dir)
+            if t.kind == "cpu":
+                spec, mem = _cpu_target(prog, t, options, cache_dir, graph.weights)
+            else:
+                spec, mem = _cuda_target(prog, t, options, cache_dir)
         targets.append(spec)
         members.update(mem)
 

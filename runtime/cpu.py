@@ -178,6 +178,8 @@ class CpuExecutor:
         self._n_in, self._n_out = len(package.manifest.inputs), len(package.manifest.outputs)
         self._out_dtypes = [numpy_dtype(o.dtype) for o in package.manifest.outputs]
         self._weights = list(package.weights() if weights is None else weights)
+        if target.packed is not None:  # the library reads them after the manifest's weights
+            self._weights += package.weights(target.packed)
         for w in self._weights:
             if w.ctypes.data % 64 and w.size:
                 raise ValueError("weights must be 64-byte aligned (the C ABI promises it)")
