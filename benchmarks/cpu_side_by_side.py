@@ -199,7 +199,7 @@ def bench_model(key: str, threads: int, compile_: bool) -> dict:
         ort_fn = _ort(model, x, work, threads)
         row["ort_rel_err"] = _close(ort_fn(), want)
         fns["onnxruntime"] = ort_fn
-    except Exception as e:  # noqa: BLE001 - a peer that cannot run this model is a note, not a failure
+    except Exception as e:
         row["ort_note"] = f"{type(e).__name__}: {str(e)[:200]}"
     aotc_fn, info = _aotc(model, x, key, work, threads)
     row.update(info)
@@ -271,7 +271,8 @@ def bench_cold_start(pkg: str, runs: int = 5) -> dict:
 def _cpu() -> dict:
     from aotc.cpu_features import cpu_flags, cpu_level
 
-    name = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), platform.processor())
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
     return {"model": name, "cores": os.cpu_count(), "level": cpu_level(), "flags": sorted(cpu_flags())}
 
 
