@@ -302,7 +302,7 @@ def main() -> None:
         "threads": args.threads, "versions": _versions(),
         "method": f"fp32; per engine the median of {CALLS} single calls; best of {ROUNDS} interleaved rounds; "
                   "aotc built for cpu:native; best_peer_over_aotc = min(ORT, torch.compile) / aotc",
-        "rows": [], "notes": [],
+        "rows": [], "notes": [], "loadavg_start": os.getloadavg(),
     }  # fmt: skip
     if args.no_compile:
         doc["notes"].append("torch.compile skipped (--no-compile)")
@@ -322,6 +322,7 @@ def main() -> None:
             mlp = info["package"]
         doc["cold_start_mlp"] = bench_cold_start(mlp)
         print(json.dumps(doc["cold_start_mlp"]), flush=True)
+    doc["loadavg_end"] = os.getloadavg()  # other processes on the machine skew every engine's times
     for r in doc["rows"]:
         r.pop("package", None)
     day = doc["date"][:10]

@@ -159,3 +159,11 @@ def test_manifest_carries_packed_weights() -> None:
     for bad in (Weights("../packed.safetensors", packed.tensors), Weights(packed.member, packed.tensors * 2)):
         with pytest.raises(PackageCorrupt, match="packed"):
             to_json(dataclasses.replace(m2, targets=(dataclasses.replace(cpu, packed=bad),)))
+
+
+def test_packed_matmul_golden() -> None:
+    """The generated call of the packed matmul, as text (UPDATE_GOLDEN=1 to accept an intended change)."""
+    from golden import check_golden
+
+    prog, _ = pack_plan(PROGS["odd_bias"][0], "x86-64-v4")
+    check_golden("cpp_matmul_packed.cpp", generate(prog, BuildOptions(targets=(Target("cpu", "x86-64-v4"),))))

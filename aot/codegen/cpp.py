@@ -122,8 +122,10 @@ class KernelWriter:
 
     def _parallel_for(self, collapse: int, work: str) -> str:
         """The pragma over a kernel's outer loops. ``guided``: big chunks first, then small ones, so a thread
-        that starts late (a busy core) delays the end of the loop by one small chunk, not by its half."""
-        return self._omp(f"parallel for collapse({collapse}) schedule(guided) if ({work} >= AOTC_PAR_MIN_WORK)")
+        that starts late (a busy core) delays the end of the loop by one small chunk, not by its half.
+        Threads by work (aotc_threads_for): one per AOTC_PAR_MIN_WORK elements."""
+        par = f"if ({work} >= 2 * AOTC_PAR_MIN_WORK) num_threads(aotc_threads_for({work}))"
+        return self._omp(f"parallel for collapse({collapse}) schedule(guided) {par}")
 
     # -- loop helpers --
 
