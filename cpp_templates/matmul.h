@@ -21,7 +21,8 @@
 // running, but a whole time slice (milliseconds) when another process holds the core one thread waits for.
 //
 // Note (workspace): tiles and packed A live in one per-library buffer that only grows, so a call after
-// the first allocates nothing. aotc_run calls into one loaded library are serialised by the runtime.
+// the first allocates nothing. aotc_run calls into one loaded library are serialised by the runtime; a
+// matmul called inside a parallel region (nested in a caller's loop) takes a private buffer instead.
 //
 // Note: the micro-kernel uses explicit FMA intrinsics, because generated code is compiled with
 // -ffp-contract=off (pointwise math must round like eager torch); a fused multiply-add in a dot
@@ -314,8 +315,14 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   const int64_t kc_max = K < KC ? (K > 0 ? K : 1) : KC;
   // per-thread workspace: tile, packed A block, packed B panels (when B is not prepacked), in T elements
   const int64_t per = aotc_roundup(MB * NB + MB * kc_max + (BSrc::packs ? NB * kc_max : 0), 64 / sizeof(T));
-  const int nthreads = aotc_mm_threads(flops, tasks);
-  T* ws_all = static_cast<T*>(aotc_mm_workspace((size_t)per * sizeof(T) * (size_t)nthreads));
+  // Called from inside a parallel region (a caller's own loop), a matmul runs serially on a private
+  // workspace: the kept one is shared by the library's top-level calls only.
+  const bool nested = omp_in_parallel();
+  const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
+  const size_t bytes = (size_t)per * sizeof(T) * (size_t)nthreads;
+  T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
+  if (nested && own == NULL) throw std::bad_alloc();
+  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
   for (int64_t t = 0; t < tasks; ++t) {
     T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
@@ -344,6 +351,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
     }
     epi(bi, m0, mb, n0, nb, (const T*)tile, nbp);
   }
+  free(own);
 }
 
 // The batched matmul of two strided operands. ``offa(b)``/``offb(b)`` give the element offset of batch b.
@@ -399,6 +407,8 @@ int main() {
   int fails = aotc_mm_check(2, 37, 70, 300);  // K over one slice, N and M ragged
   fails += aotc_mm_check(1, 5, 3, 7);          // K < KC, N < NR, M < MR
   fails += aotc_mm_check(3, 130, 600, 40);     // several tiles in both directions
+#pragma omp parallel num_threads(2) reduction(+ : fails)
+  fails += aotc_mm_check(2, 19, 40, 50);  // nested in a caller's parallel region: private workspaces
   return fails != 0;
 }
 #endif
