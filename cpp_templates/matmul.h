@@ -162,10 +162,12 @@ struct aotc_elem<aotc_f16_tag> {
 };
 
 // R x (NV vectors) register block, R <= MR: c[i][j] (+)= sum_k ap[k][i] * bp[k][j]. ``ap`` holds
-// strips of MR rows (k-major), ``bp`` a panel of NR columns (k-major).
+// strips of MR rows (k-major), ``bp`` a panel of NR columns (k-major). With ``pf``, each step also
+// prefetches the same row of the next panel, so that panel is in cache when its turn comes (a weight
+// panel streams from memory once per call; this hides that behind the first strip's arithmetic).
 template <class T, int MR, int R, int NV>
 static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
-                                 int64_t ldc, bool accumulate) {
+                                 int64_t ldc, bool accumulate, const T* pf = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   constexpr int NR = NV * L;
@@ -179,6 +181,21 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
       else
         acc[i][j] = V{};
     }
+  if (pf != NULL) {
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + k * NR) + l);
+      V b[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) memcpy(&b[j], bp + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) {
+        const V a = aotc_vset1(ap[k * MR + i]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
+      }
+    }
+    kc = 0;  // done
+  }
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
     V b[NV];
@@ -307,49 +324,73 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   // per thread that the work can pay for.
   const int64_t MB = aotc_mm_min(aotc_roundup(M, MR), AOTC_MM_MB);
   const int64_t mblocks = (M + MB - 1) / MB;
-  const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 3;
+  const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
   int64_t NB = aotc_mm_min(aotc_roundup(N, NR), AOTC_MM_NB);
   while (NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t nblocks = (N + NB - 1) / NB;
   const int64_t tasks = batch * mblocks * nblocks;
-  const int64_t kc_max = K < KC ? (K > 0 ? K : 1) : KC;
+  const int64_t kc_max = K < KC ? (K > 0 ? K : 1) : KC, kslices = K > 0 ? (K + KC - 1) / KC : 0;
+  // A is packed once for all column blocks when there are several and it fits: then narrow tasks (for
+  // balance between threads) cost no repacking. Block (b, mi), slice k0 starts at (b * mblocks + mi) *
+  // MB * K + k0 * mbp.
+  const int64_t ablocks = batch * mblocks;
+  const bool shared_a = nblocks > 1 && (double)ablocks * (double)(MB * kc_max * kslices) * sizeof(T) <= 32e6;
+  const int64_t a_all = shared_a ? aotc_roundup(ablocks * MB * kc_max * kslices, 64 / sizeof(T)) : 0;
   // per-thread workspace: tile, packed A block, packed B panels (when B is not prepacked), in T elements
   const int64_t per = aotc_roundup(MB * NB + MB * kc_max + (BSrc::packs ? NB * kc_max : 0), 64 / sizeof(T));
   // Called from inside a parallel region (a caller's own loop), a matmul runs serially on a private
   // workspace: the kept one is shared by the library's top-level calls only.
   const bool nested = omp_in_parallel();
   const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
-  const size_t bytes = (size_t)per * sizeof(T) * (size_t)nthreads;
+  const size_t bytes = ((size_t)a_all + (size_t)per * (size_t)nthreads) * sizeof(T);
   T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
   if (nested && own == NULL) throw std::bad_alloc();
-  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
-  for (int64_t t = 0; t < tasks; ++t) {
-    T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
-    const int64_t bi = t / (mblocks * nblocks), mi = t / nblocks % mblocks, ni = t % nblocks;
-    const int64_t m0 = mi * MB, n0 = ni * NB;
-    const int64_t mb = aotc_mm_min(M - m0, MB), nb = aotc_mm_min(N - n0, NB);
-    const int64_t mbp = aotc_roundup(mb, MR), nbp = aotc_roundup(nb, NR);
-    T* ap = tile + MB * NB;
-    T* bws = ap + MB * kc_max;
-    const SA* ab = a + offa(bi);
-    if (K <= 0) memset(tile, 0, sizeof(T) * (size_t)(mb * nbp));
-    for (int64_t k0 = 0; k0 < K; k0 += KC) {
-      const int64_t kc = aotc_mm_min(K - k0, KC);
-      int64_t pstride = 0;
-      const T* bp = bsrc.template slice<NR>(bi, n0, nb, nbp, k0, kc, bws, &pstride);
-      aotc_mm_pack<T, SA>(ap, ab, m0, mb, mbp, k0, kc, sam, sak, MR);
-      const int64_t full = mb / MR * MR;
-      for (int64_t js = 0; js < nbp; js += NR) {
-        const T* bj = bp + (js / NR) * pstride;
-        for (int64_t is = 0; is < full; is += MR)
-          aotc_mm_micro<T, MR, MR, NV>(kc, ap + is * kc, bj, tile + is * nbp + js, nbp, k0 > 0);
-        if (full < mb)
-          aotc_mm_micro_tail<T, MR, NV>((int)(mb - full), kc, ap + full * kc, bj, tile + full * nbp + js, nbp,
-                                        k0 > 0);
+  T* const apacked = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  T* const ws_all = apacked + a_all;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    if (shared_a) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t j = 0; j < ablocks * kslices; ++j) {
+        const int64_t blk = j / kslices, k0 = j % kslices * KC, bi = blk / mblocks, m0 = blk % mblocks * MB;
+        const int64_t mb = aotc_mm_min(M - m0, MB);
+        aotc_mm_pack<T, SA>(apacked + blk * MB * K + k0 * aotc_roundup(mb, MR), a + offa(bi), m0, mb,
+                            aotc_roundup(mb, MR), k0, aotc_mm_min(K - k0, KC), sam, sak, MR);
       }
     }
-    epi(bi, m0, mb, n0, nb, (const T*)tile, nbp);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
+      const int64_t bi = t / (mblocks * nblocks), mi = t / nblocks % mblocks, ni = t % nblocks;
+      const int64_t m0 = mi * MB, n0 = ni * NB;
+      const int64_t mb = aotc_mm_min(M - m0, MB), nb = aotc_mm_min(N - n0, NB);
+      const int64_t mbp = aotc_roundup(mb, MR), nbp = aotc_roundup(nb, NR);
+      T* bws = tile + MB * NB + MB * kc_max;
+      const SA* ab = a + offa(bi);
+      if (K <= 0) memset(tile, 0, sizeof(T) * (size_t)(mb * nbp));
+      for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = aotc_mm_min(K - k0, KC);
+        int64_t pstride = 0;
+        const T* bp = bsrc.template slice<NR>(bi, n0, nb, nbp, k0, kc, bws, &pstride);
+        const T* ap = apacked + (bi * mblocks + mi) * MB * K + k0 * mbp;
+        if (!shared_a) {
+          T* own_ap = tile + MB * NB;
+          aotc_mm_pack<T, SA>(own_ap, ab, m0, mb, mbp, k0, kc, sam, sak, MR);
+          ap = own_ap;
+        }
+        const int64_t full = mb / MR * MR;
+        for (int64_t js = 0; js < nbp; js += NR) {
+          const T* bj = bp + (js / NR) * pstride;
+          const T* next = js + NR < nbp ? bj + pstride : NULL;
+          for (int64_t is = 0; is < full; is += MR)
+            aotc_mm_micro<T, MR, MR, NV>(kc, ap + is * kc, bj, tile + is * nbp + js, nbp, k0 > 0, is ? NULL : next);
+          if (full < mb)
+            aotc_mm_micro_tail<T, MR, NV>((int)(mb - full), kc, ap + full * kc, bj, tile + full * nbp + js, nbp,
+                                          k0 > 0);
+        }
+      }
+      epi(bi, m0, mb, n0, nb, (const T*)tile, nbp);
+    }
   }
   free(own);
 }
