@@ -24,6 +24,7 @@ from aotc.schema import CpuTarget, CudaTarget, Manifest, ModelInfo, Symbol, Tens
 
 from . import kernel as K
 from .capture import Captured, capture
+from .codegen.cpp_pack import Packing, pack_array, pack_plan, packed_only, without
 from .fusion import fuse
 from .ir import DType, Graph
 from .lower import lower_program
@@ -81,13 +82,12 @@ def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
 
 
 def _cpu_target(
-    prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path, weights: dict[str, np.ndarray]
+    prog: K.Plan, packs: list[Packing], target: Target, options: BuildOptions, cache_dir: Path, weights: dict[str, np.ndarray]
 ) -> tuple[CpuTarget, dict[str, bytes]]:
+    """A CPU target from its plan with packed weights (``pack_plan``); ``weights``: values by label."""
     from .codegen import cpp
-    from .codegen.cpp_pack import pack_array, pack_plan
     from .compile import compile_cpp
 
-    prog, packs = pack_plan(prog, target.arch)
     source = cpp.generate(prog, options)
     lib = compile_cpp(source, target, options, cache_dir)
     member = f"cpu/{target.arch}/model.so"
@@ -174,14 +174,19 @@ def build_captured(
     for line in fusion_log:
         log.info("fusion: %s", line)
 
+    # Weights packed per CPU level; with CPU targets only, a weight only packed matmuls read stays out.
+    cpu_plans = {t: pack_plan(prog, t.arch) for t in options.targets if t.kind == "cpu"}
+    dropped = set() if any(t.kind == "cuda" for t in options.targets) else packed_only(list(cpu_plans.values()))
+    cpu_plans = {t: (without(p, dropped), packs) for t, (p, packs) in cpu_plans.items()}
+    shared = [w for w in prog.weights if w.name not in dropped]
     with _stage(seconds, "weights"):
-        weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in prog.weights])
+        weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in shared])
     members: dict[str, bytes] = {weights.member: blob}
     targets: list[CpuTarget | CudaTarget] = []
     for t in options.targets:
         with _stage(seconds, str(t)):
             if t.kind == "cpu":
-                spec, mem = _cpu_target(prog, t, options, cache_dir, graph.weights)
+                spec, mem = _cpu_target(*cpu_plans[t], t, options, cache_dir, graph.weights)
             else:
                 spec, mem = _cuda_target(prog, t, options, cache_dir)
         targets.append(spec)

@@ -5,7 +5,8 @@ weight seen through a constant view reads a new packed weight instead) and ``pac
 values, computed from the weight's values by the builder, or by tests from random weights). The packed
 tensors go into the CPU target's own safetensors member; the library takes them after the manifest's
 weights, so loading them is a mmap like any weight, and no call repacks a panel.
-What it is not: a layout pass for activations (they stream), nor anything a CUDA target sees.
+What it is not: a layout pass for activations (they stream), nor anything a CUDA target sees. A package
+with CPU targets only leaves out the original of a weight that only packed matmuls read (``packed_only``).
 
 Note: the panel is [ceil(N / NR)][K][NR] in fp32 (a bf16/f16 weight is widened once here rather than on
 every call), zero past N, with NR = AOTC_MM_NR_F32 of the level's vector width; the generated code
@@ -108,3 +109,19 @@ def pack_array(p: Packing, weight: np.ndarray) -> np.ndarray:
     out = np.zeros((p.k, panels * nr), np.float32)
     out[:, : p.n] = b
     return np.ascontiguousarray(out.reshape(p.k, panels, nr).transpose(1, 0, 2))
+
+
+def without(plan: K.Plan, names: set[str]) -> K.Plan:
+    """``plan`` without the weights ``names`` (which no kernel of it reads)."""
+    assert not any(names & K.reads(k) for k in plan.kernels), "dropping a weight a kernel reads"
+    prog = K.Program(plan.symbols, plan.inputs, plan.outputs, [w for w in plan.weights if w.name not in names],
+                     plan.arena, plan.kernels, plan.labels)  # fmt: skip
+    return K.Plan.of(prog, plan.arena_offsets, plan.arena_size)
+
+
+def packed_only(packed: list[tuple[K.Plan, list[Packing]]]) -> set[str]:
+    """Weights that every given plan reads only through their packed copies: a package whose every target
+    is one of these plans need not carry them (for a CUDA target, pass nothing: it reads them all)."""
+    sources = {p.source for _, packs in packed for p in packs}
+    read = {b for plan, _ in packed for k in plan.kernels for b in K.reads(k)}
+    return sources - read
