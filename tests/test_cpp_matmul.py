@@ -167,3 +167,13 @@ def test_packed_matmul_golden() -> None:
 
     prog, _ = pack_plan(PROGS["odd_bias"][0], "x86-64-v4")
     check_golden("cpp_matmul_packed.cpp", generate(prog, BuildOptions(targets=(Target("cpu", "x86-64-v4"),))))
+
+
+def test_cpu_only_package_leaves_out_packed_originals() -> None:
+    from aotc_build.codegen.cpp_pack import packed_only, without
+
+    v3, v4 = pack_plan(PROGS["odd_bias"][0], "x86-64-v3"), pack_plan(PROGS["odd_bias"][0], "x86-64-v4")
+    assert packed_only([v3, v4]) == {"w"}  # read by no target's kernels: only through packed copies
+    assert [w.name for w in without(v4[0], {"w"}).weights] == ["bias", "w_packed"]
+    with pytest.raises(AssertionError):
+        without(PROGS["odd_bias"][0], {"w"})  # the unpacked plan still reads it
