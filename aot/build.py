@@ -24,6 +24,7 @@ from aotc.schema import CpuTarget, CudaTarget, Manifest, ModelInfo, Symbol, Tens
 
 from . import kernel as K
 from .capture import Captured, capture
+from .codegen.cpp_pack import Packing, pack_array, pack_plan, packed_only, without
 from .fusion import fuse
 from .ir import DType, Graph
 from .lower import lower_program
@@ -83,19 +84,27 @@ def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
     return TensorSpec(name, dtype.value, tuple(to_size(d) for d in shape))
 
 
-def _cpu_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CpuTarget, dict[str, bytes]]:
+def _cpu_target(
+    prog: K.Plan, packs: list[Packing], target: Target, options: BuildOptions, cache_dir: Path, weights: dict[str, np.ndarray]
+) -> tuple[CpuTarget, dict[str, bytes]]:
+    """A CPU target from its plan with packed weights (``pack_plan``); ``weights``: values by label."""
     from .codegen import cpp
     from .compile import compile_cpp
 
     source = cpp.generate(prog, options)
     lib = compile_cpp(source, target, options, cache_dir)
     member = f"cpu/{target.arch}/model.so"
+    members = {member: lib.so_bytes}
+    packed = None
+    if packs:
+        named = [(prog.labels[p.name], pack_array(p, weights[prog.labels[p.source]])) for p in packs]
+        packed, members[f"cpu/{target.arch}/packed.safetensors"] = weights_member(named, f"cpu/{target.arch}/packed.safetensors")
     spec = CpuTarget(
         level=target.arch, features=tuple(LEVEL_FEATURES[target.arch]), library=member, abi_version=1,
         arena_bytes=to_size(prog.arena_size), compiler=lib.compiler_version, flags=tuple(lib.flags),
-        kernels=tuple(k.name for k in prog.kernels), min_glibc=lib.min_glibc,
+        kernels=tuple(k.name for k in prog.kernels), min_glibc=lib.min_glibc, packed=packed,
     )  # fmt: skip
-    return spec, {member: lib.so_bytes}
+    return spec, members
 
 
 def _cuda_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTarget, dict[str, bytes]]:
@@ -171,13 +180,21 @@ def build_captured(
     for line in fusion_log:
         log.info("fusion: %s", line)
 
+    # Weights packed per CPU level; with CPU targets only, a weight only packed matmuls read stays out.
+    cpu_plans = {t: pack_plan(prog, t.arch) for t in options.targets if t.kind == "cpu"}
+    dropped = set() if any(t.kind == "cuda" for t in options.targets) else packed_only(list(cpu_plans.values()))
+    cpu_plans = {t: (without(p, dropped), packs) for t, (p, packs) in cpu_plans.items()}
+    shared = [w for w in prog.weights if w.name not in dropped]
     with _stage(seconds, "weights"):
-        weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in prog.weights])
+        weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in shared])
     members: dict[str, bytes] = {weights.member: blob}
     targets: list[CpuTarget | CudaTarget] = []
     for t in options.targets:
         with _stage(seconds, str(t)):
-            spec, mem = (_cpu_target if t.kind == "cpu" else _cuda_target)(prog, t, options, cache_dir)
+            if t.kind == "cpu":
+                spec, mem = _cpu_target(*cpu_plans[t], t, options, cache_dir, graph.weights)
+            else:
+                spec, mem = _cuda_target(prog, t, options, cache_dir)
         targets.append(spec)
         members.update(mem)
 

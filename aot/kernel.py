@@ -223,6 +223,9 @@ class Matmul(_Facts):
     a: Strided
     b: Strided
     stores: tuple[Store, ...]
+    # CPU targets only (codegen/cpp_pack.py): ``b`` is a weight packed at build time into panels
+    # [ceil(n / NR)][k][NR] of fp32 for the micro-kernel, and ``b.strides`` are (NR, 1).
+    packed: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,28 @@
 // Batched matmul with a fused epilogue: C[b, m, n] = sum_k A[b][m, k] * B[b][k, n].
 //
-// Operands are strided (any strides, e.g. a transposed weight with B strides (1, K)), with a per-batch
-// element offset computed by a functor. Inputs of any element type are converted to the accumulator
-// type T (float for f32/f16/bf16, double for f64, int64_t for integers) while packing.
+// Two entry points share one driver:
+//   aotc_matmul<T>(...)         both operands strided (any strides, e.g. activations in attention); B is
+//                               packed per task and K slice into the workspace.
+//   aotc_matmul_packed<T>(...)  B is a constant weight packed at build time (aot/codegen/cpp_pack.py) into
+//                               panels [ceil(N / NR)][K][NR] of T, zero past N: no call repacks it.
+// A is converted to the accumulator type T (float for f32/f16/bf16, double for f64, int64_t for integers)
+// while packing MR-row strips.
 //
-// Structure (GotoBLAS/BLIS, simplified): the output is split into MB x NB tiles; each tile is one task
-// of an OpenMP loop over (batch, M-blocks, N-blocks). A task walks K in KC slices, packs its B panel into
-// NR-wide column strips and its A block into MR-high row strips, and runs an MR x NR register-blocked
-// micro-kernel that accumulates into a per-thread fp32 tile. When K is done, the epilogue functor gets
-// the finished tile while it is still in cache:  epi(b, m0, mb, n0, nb, tile, ldt)  with
+// Structure (GotoBLAS/BLIS): the output is split into MB x NB tiles, one task each of an OpenMP loop over
+// (batch, M-blocks, N-blocks). A task walks K in KC slices: packs its A block into MR-high strips, then for
+// each NR-wide B panel (kept in L1) runs the MR x NR register-blocked micro-kernel over every A strip (in
+// L2), accumulating into a per-thread tile. When K is done, the epilogue functor gets the finished tile
+// while it is still in cache:  epi(b, m0, mb, n0, nb, tile, ldt)  with
 // Acc(b, m, n) = tile[(m - m0) * ldt + (n - n0)].  The epilogue runs inside the parallel region and
 // must not throw.
+//
+// Note (threads): a matmul uses one thread per AOTC_MM_FLOPS_PER_THREAD of work, at most OpenMP's
+// current maximum, so small matmuls stay on one thread: a barrier costs microseconds when every thread is
+// running, but a whole time slice (milliseconds) when another process holds the core one thread waits for.
+//
+// Note (workspace): tiles and packed A live in one per-library buffer that only grows, so a call after
+// the first allocates nothing. aotc_run calls into one loaded library are serialised by the runtime; a
+// matmul called inside a parallel region (nested in a caller's loop) takes a private buffer instead.
 //
 // Note: the micro-kernel uses explicit FMA intrinsics, because generated code is compiled with
 // -ffp-contract=off (pointwise math must round like eager torch); a fused multiply-add in a dot
@@ -32,28 +44,33 @@
 #include "aotc_cpu.h"
 
 #ifndef AOTC_MM_KC
-#define AOTC_MM_KC 256  // K slice: an MR x KC strip of A plus an NR x KC strip of B stay in L1/L2
+#define AOTC_MM_KC 256  // K slice: an MR x KC strip of A plus a KC x NR panel of B stay in L1
 #endif
 #ifndef AOTC_MM_MB
-#define AOTC_MM_MB 240  // rows per task (a multiple of every MR below)
+#define AOTC_MM_MB 120  // rows per task at most (a multiple of every MR below); an A block stays in L2
 #endif
 #ifndef AOTC_MM_NB
-#define AOTC_MM_NB 256  // columns per task (a multiple of every NR below)
+#define AOTC_MM_NB 512  // columns per task at most (a multiple of every NR below)
 #endif
-#ifndef AOTC_MM_MIN_PAR_FLOPS
-#define AOTC_MM_MIN_PAR_FLOPS 200000.0  // below this a matmul runs on one thread
+#ifndef AOTC_MM_FLOPS_PER_THREAD
+#define AOTC_MM_FLOPS_PER_THREAD 4000000.0  // ~40 us of one core: less work than this per thread stays serial
 #endif
 
 #if defined(__AVX512F__)
 #define AOTC_VBYTES 64
-#define AOTC_MM_MR 8  // 8 x 2 accumulators of 32 zmm registers
+#define AOTC_MM_MR_DEFAULT 8  // 8 x 2 accumulators of 32 zmm registers
 #elif defined(__AVX__)
 #define AOTC_VBYTES 32
-#define AOTC_MM_MR 6  // 6 x 2 accumulators of 16 ymm registers
+#define AOTC_MM_MR_DEFAULT 6  // 6 x 2 accumulators of 16 ymm registers
 #else
 #define AOTC_VBYTES 16
-#define AOTC_MM_MR 4
+#define AOTC_MM_MR_DEFAULT 4
 #endif
+#ifndef AOTC_MM_MR
+#define AOTC_MM_MR AOTC_MM_MR_DEFAULT
+#endif
+#define AOTC_MM_NV 2                                  // vectors per micro-kernel row
+#define AOTC_MM_NR_F32 (AOTC_MM_NV * AOTC_VBYTES / 4)  // panel width of packed fp32 weights (cpp_pack.py)
 
 typedef float aotc_vf32 __attribute__((vector_size(AOTC_VBYTES)));
 typedef double aotc_vf64 __attribute__((vector_size(AOTC_VBYTES)));
@@ -144,16 +161,19 @@ struct aotc_elem<aotc_f16_tag> {
   static inline float load(const aotc_f16_tag* p, int64_t i) { return aotc_f16_to_f32(p[i].bits); }
 };
 
-// MR x (NV vectors) register block: c[i][j] (+)= sum_k ap[k][i] * bp[k][j].
-template <class T, int MR, int NV>
+// R x (NV vectors) register block, R <= MR: c[i][j] (+)= sum_k ap[k][i] * bp[k][j]. ``ap`` holds
+// strips of MR rows (k-major), ``bp`` a panel of NR columns (k-major). With ``pf``, each step also
+// prefetches the same row of the next panel, so that panel is in cache when its turn comes (a weight
+// panel streams from memory once per call; this hides that behind the first strip's arithmetic).
+template <class T, int MR, int R, int NV>
 static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
-                                 int64_t ldc, bool accumulate) {
+                                 int64_t ldc, bool accumulate, const T* pf = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   constexpr int NR = NV * L;
-  V acc[MR][NV];
+  V acc[R][NV];
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
       if (accumulate)
@@ -161,24 +181,51 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
       else
         acc[i][j] = V{};
     }
+  if (pf != NULL) {
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + k * NR) + l);
+      V b[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) memcpy(&b[j], bp + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) {
+        const V a = aotc_vset1(ap[k * MR + i]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
+      }
+    }
+    kc = 0;  // done
+  }
+#pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
     V b[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) memcpy(&b[j], bp + k * NR + j * L, sizeof(V));
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
+    for (int i = 0; i < R; ++i) {
       const V a = aotc_vset1(ap[k * MR + i]);
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
     }
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
 }
 
+// The micro-kernel for the last ``rows`` (< MR) rows of a block: no work on the padding rows.
+template <class T, int MR, int NV, int R = MR - 1>
+static inline void aotc_mm_micro_tail(int rows, int64_t kc, const T* ap, const T* bp, T* c, int64_t ldc,
+                                      bool accumulate) {
+  if constexpr (R >= 1) {
+    if (rows == R) return aotc_mm_micro<T, MR, R, NV>(kc, ap, bp, c, ldc, accumulate);
+    aotc_mm_micro_tail<T, MR, NV, R - 1>(rows, kc, ap, bp, c, ldc, accumulate);
+  }
+}
+
 static inline int64_t aotc_roundup(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+static inline int64_t aotc_mm_min(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Pack rows [r0, r0 + rows) x cols [c0, c0 + cols) of a strided matrix into strips of W rows:
 // dst[strip][c][w] = M[r0 + strip * W + w][c0 + c], zero past ``rows``. For A (W = MR) rows are m
@@ -188,18 +235,17 @@ static void aotc_mm_pack(T* __restrict dst, const S* src, int64_t r0, int64_t ro
                          int64_t c0, int64_t cols, int64_t sr, int64_t sc, int W) {
   for (int64_t s = 0; s < rows_pad; s += W) {
     T* d = dst + s * cols;
+    const int64_t live = rows - s < W ? rows - s : W;
     if (sc <= sr) {  // walk along columns (contiguous in src when sc == 1)
       for (int w = 0; w < W; ++w) {
-        const int64_t r = s + w;
-        if (r < rows) {
-          const int64_t base = (r0 + r) * sr + c0 * sc;
+        if (w < live) {
+          const int64_t base = (r0 + s + w) * sr + c0 * sc;
           for (int64_t c = 0; c < cols; ++c) d[c * W + w] = (T)aotc_elem<S>::load(src, base + c * sc);
         } else {
           for (int64_t c = 0; c < cols; ++c) d[c * W + w] = T(0);
         }
       }
     } else {  // walk along the strip (contiguous in src when sr == 1)
-      const int64_t live = rows - s < W ? rows - s : W;
       for (int64_t c = 0; c < cols; ++c) {
         const int64_t base = r0 * sr + (c0 + c) * sc;
         int w = 0;
@@ -210,74 +256,200 @@ static void aotc_mm_pack(T* __restrict dst, const S* src, int64_t r0, int64_t ro
   }
 }
 
-// The batched matmul. ``offa(b)``/``offb(b)`` give the element offset of batch b in a/b.
+// B panels packed at build time: panel p = columns [p * NR, p * NR + NR), all K rows, k-major.
+template <class T>
+struct aotc_mm_bpacked {
+  const T* p;
+  int64_t K;
+  static constexpr bool packs = false;
+  // The KC x NR slices of columns [n0, n0 + nb) (n0 a multiple of NR) at k0, and the stride between panels.
+  template <int NR>
+  const T* slice(int64_t, int64_t n0, int64_t, int64_t, int64_t k0, int64_t, T*, int64_t* stride) const {
+    *stride = K * NR;
+    return p + (n0 / NR) * K * NR + k0 * NR;
+  }
+};
+
+// B strided (an activation): packed per task and K slice into the workspace.
+template <class T, class S, class Off>
+struct aotc_mm_bstrided {
+  const S* p;
+  Off off;
+  int64_t sk, sn;
+  static constexpr bool packs = true;
+  template <int NR>
+  const T* slice(int64_t bi, int64_t n0, int64_t nb, int64_t nbp, int64_t k0, int64_t kc, T* ws,
+                 int64_t* stride) const {
+    aotc_mm_pack<T, S>(ws, p + off(bi), n0, nb, nbp, k0, kc, sn, sk, NR);
+    *stride = kc * NR;
+    return ws;
+  }
+};
+
+// The per-library workspace (see the note at the top): at least ``bytes``, 64-byte aligned, kept.
+static void* aotc_mm_workspace(size_t bytes) {
+  static void* buf = NULL;
+  static size_t cap = 0;
+  if (bytes > cap) {
+    free(buf);
+    cap = 0;
+    buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (buf == NULL) throw std::bad_alloc();
+    cap = bytes;
+  }
+  return buf;
+}
+
+// Threads for ``flops`` of work in ``tasks`` tasks.
+static inline int aotc_mm_threads(double flops, int64_t tasks) {
+  const int most = omp_get_max_threads();
+  const double by_work = flops / AOTC_MM_FLOPS_PER_THREAD;
+  int n = by_work < (double)most ? (int)by_work : most;
+  n = (int64_t)n < tasks ? n : (int)tasks;
+  return n > 1 ? n : 1;
+}
+
+template <class T, class SA, class OffA, class BSrc, class Epi>
+static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const SA* a, OffA offa, int64_t sam,
+                          int64_t sak, const BSrc& bsrc, Epi epi) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int MR = AOTC_MM_MR, NV = AOTC_MM_NV, NR = NV * L;
+  static_assert(AOTC_MM_MB % MR == 0 && AOTC_MM_NB % NR == 0, "tile sizes must be multiples of MR, NR");
+  if (batch <= 0 || M <= 0 || N <= 0) return;
+  const int64_t KC = AOTC_MM_KC;
+  const double flops = 2.0 * (double)batch * (double)M * (double)N * (double)(K > 0 ? K : 1);
+  const int64_t most = omp_get_max_threads();
+  // Tiles: rows up to MB, then columns up to NB, narrowed (in whole panels) until there are a few tasks
+  // per thread that the work can pay for.
+  const int64_t MB = aotc_mm_min(aotc_roundup(M, MR), AOTC_MM_MB);
+  const int64_t mblocks = (M + MB - 1) / MB;
+  const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
+  int64_t NB = aotc_mm_min(aotc_roundup(N, NR), AOTC_MM_NB);
+  while (NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
+  const int64_t nblocks = (N + NB - 1) / NB;
+  const int64_t tasks = batch * mblocks * nblocks;
+  const int64_t kc_max = K < KC ? (K > 0 ? K : 1) : KC, kslices = K > 0 ? (K + KC - 1) / KC : 0;
+  // A is packed once for all column blocks when there are several and it fits: then narrow tasks (for
+  // balance between threads) cost no repacking. Block (b, mi), slice k0 starts at (b * mblocks + mi) *
+  // MB * K + k0 * mbp.
+  const int64_t ablocks = batch * mblocks;
+  const bool shared_a = nblocks > 1 && (double)ablocks * (double)(MB * kc_max * kslices) * sizeof(T) <= 32e6;
+  const int64_t a_all = shared_a ? aotc_roundup(ablocks * MB * kc_max * kslices, 64 / sizeof(T)) : 0;
+  // per-thread workspace: tile, packed A block, packed B panels (when B is not prepacked), in T elements
+  const int64_t per = aotc_roundup(MB * NB + MB * kc_max + (BSrc::packs ? NB * kc_max : 0), 64 / sizeof(T));
+  // Called from inside a parallel region (a caller's own loop), a matmul runs serially on a private
+  // workspace: the kept one is shared by the library's top-level calls only.
+  const bool nested = omp_in_parallel();
+  const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
+  const size_t bytes = ((size_t)a_all + (size_t)per * (size_t)nthreads) * sizeof(T);
+  T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
+  if (nested && own == NULL) throw std::bad_alloc();
+  T* const apacked = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  T* const ws_all = apacked + a_all;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    if (shared_a) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t j = 0; j < ablocks * kslices; ++j) {
+        const int64_t blk = j / kslices, k0 = j % kslices * KC, bi = blk / mblocks, m0 = blk % mblocks * MB;
+        const int64_t mb = aotc_mm_min(M - m0, MB);
+        aotc_mm_pack<T, SA>(apacked + blk * MB * K + k0 * aotc_roundup(mb, MR), a + offa(bi), m0, mb,
+                            aotc_roundup(mb, MR), k0, aotc_mm_min(K - k0, KC), sam, sak, MR);
+      }
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
+      const int64_t bi = t / (mblocks * nblocks), mi = t / nblocks % mblocks, ni = t % nblocks;
+      const int64_t m0 = mi * MB, n0 = ni * NB;
+      const int64_t mb = aotc_mm_min(M - m0, MB), nb = aotc_mm_min(N - n0, NB);
+      const int64_t mbp = aotc_roundup(mb, MR), nbp = aotc_roundup(nb, NR);
+      T* bws = tile + MB * NB + MB * kc_max;
+      const SA* ab = a + offa(bi);
+      if (K <= 0) memset(tile, 0, sizeof(T) * (size_t)(mb * nbp));
+      for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = aotc_mm_min(K - k0, KC);
+        int64_t pstride = 0;
+        const T* bp = bsrc.template slice<NR>(bi, n0, nb, nbp, k0, kc, bws, &pstride);
+        const T* ap = apacked + (bi * mblocks + mi) * MB * K + k0 * mbp;
+        if (!shared_a) {
+          T* own_ap = tile + MB * NB;
+          aotc_mm_pack<T, SA>(own_ap, ab, m0, mb, mbp, k0, kc, sam, sak, MR);
+          ap = own_ap;
+        }
+        const int64_t full = mb / MR * MR;
+        for (int64_t js = 0; js < nbp; js += NR) {
+          const T* bj = bp + (js / NR) * pstride;
+          const T* next = js + NR < nbp ? bj + pstride : NULL;
+          for (int64_t is = 0; is < full; is += MR)
+            aotc_mm_micro<T, MR, MR, NV>(kc, ap + is * kc, bj, tile + is * nbp + js, nbp, k0 > 0, is ? NULL : next);
+          if (full < mb)
+            aotc_mm_micro_tail<T, MR, NV>((int)(mb - full), kc, ap + full * kc, bj, tile + full * nbp + js, nbp,
+                                          k0 > 0);
+        }
+      }
+      epi(bi, m0, mb, n0, nb, (const T*)tile, nbp);
+    }
+  }
+  free(own);
+}
+
+// The batched matmul of two strided operands. ``offa(b)``/``offb(b)`` give the element offset of batch b.
 template <class T, class SA, class SB, class OffA, class OffB, class Epi>
 void aotc_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, const SA* a, OffA offa, int64_t sam,
                  int64_t sak, const SB* b, OffB offb, int64_t sbk, int64_t sbn, Epi epi) {
-  typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int MR = AOTC_MM_MR, NV = 2, NR = NV * L;
-  static_assert(AOTC_MM_MB % MR == 0 && AOTC_MM_NB % NR == 0, "tile sizes must be multiples of MR, NR");
-  if (batch <= 0 || M <= 0 || N <= 0) return;
-  const int64_t MB = AOTC_MM_MB, NB = AOTC_MM_NB, KC = AOTC_MM_KC;
-  const int64_t mblocks = (M + MB - 1) / MB, nblocks = (N + NB - 1) / NB;
-  const int64_t tasks = batch * mblocks * nblocks;
-  const int64_t mbp_max = aotc_roundup(M < MB ? M : MB, MR), nbp_max = aotc_roundup(N < NB ? N : NB, NR);
-  const int64_t kc_max = K < KC ? (K > 0 ? K : 1) : KC;
-  // per-thread workspace: tile, packed A block, packed B panel (64-byte multiples)
-  const int64_t per = aotc_roundup(mbp_max * nbp_max + mbp_max * kc_max + nbp_max * kc_max, 64 / sizeof(T));
-  const bool par = tasks > 1 && 2.0 * (double)batch * (double)M * (double)N * (double)K >= AOTC_MM_MIN_PAR_FLOPS;
-  const int nthreads = par ? omp_get_max_threads() : 1;
-  T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)per * sizeof(T) * (size_t)nthreads));
-  if (ws_all == NULL) throw std::bad_alloc();
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (par)
-  for (int64_t t = 0; t < tasks; ++t) {
-    T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
-    const int64_t bi = t / (mblocks * nblocks), mi = t / nblocks % mblocks, ni = t % nblocks;
-    const int64_t m0 = mi * MB, n0 = ni * NB;
-    const int64_t mb = M - m0 < MB ? M - m0 : MB, nb = N - n0 < NB ? N - n0 : NB;
-    const int64_t mbp = aotc_roundup(mb, MR), nbp = aotc_roundup(nb, NR);
-    T* ap = tile + mbp_max * nbp_max;
-    T* bp = ap + mbp_max * kc_max;
-    const SA* ab = a + offa(bi);
-    const SB* bb = b + offb(bi);
-    if (K <= 0) memset(tile, 0, sizeof(T) * (size_t)(mbp * nbp));
-    for (int64_t k0 = 0; k0 < K; k0 += KC) {
-      const int64_t kc = K - k0 < KC ? K - k0 : KC;
-      aotc_mm_pack<T, SB>(bp, bb, n0, nb, nbp, k0, kc, sbn, sbk, NR);
-      aotc_mm_pack<T, SA>(ap, ab, m0, mb, mbp, k0, kc, sam, sak, MR);
-      for (int64_t js = 0; js < nbp; js += NR)
-        for (int64_t is = 0; is < mbp; is += MR)
-          aotc_mm_micro<T, MR, NV>(kc, ap + is * kc, bp + js * kc, tile + is * nbp + js, nbp, k0 > 0);
-    }
-    epi(bi, m0, mb, n0, nb, (const T*)tile, nbp);
-  }
-  free(ws_all);
+  const aotc_mm_bstrided<T, SB, OffB> bsrc{b, offb, sbk, sbn};
+  aotc_mm_drive<T>(batch, M, N, K, a, offa, sam, sak, bsrc, epi);
+}
+
+// The batched matmul with a build-time packed B (the same for every batch): ``bp`` is [ceil(N/NR)][K][NR].
+template <class T, class SA, class OffA, class Epi>
+void aotc_matmul_packed(int64_t batch, int64_t M, int64_t N, int64_t K, const SA* a, OffA offa, int64_t sam,
+                        int64_t sak, const T* bp, Epi epi) {
+  const aotc_mm_bpacked<T> bsrc{bp, K};
+  aotc_mm_drive<T>(batch, M, N, K, a, offa, sam, sak, bsrc, epi);
 }
 
 #ifdef AOTC_SELFTEST_MATMUL
 #include <vector>
-int main() {
-  // C[2, 37, 70] = A[2][37, 300] @ B^T where B is stored transposed (strides (1, K)).
-  const int64_t batch = 2, M = 37, N = 70, K = 300;
-  std::vector<float> a(batch * M * K), b(batch * N * K), c(batch * M * N, -1.0f);
+// C[batch, M, N] = A[batch][M, K] @ B, both strided and with B packed (the same B for every batch), on
+// small integers (exact in fp32), at sizes that are no multiple of the blocks.
+static int aotc_mm_check(int64_t batch, int64_t M, int64_t N, int64_t K) {
+  const int64_t NR = AOTC_MM_NR_F32, P = (N + NR - 1) / NR;
+  std::vector<float> a(batch * M * K), b(N * K), bp(P * K * NR, 0.0f), c(batch * M * N, -1.0f), d(c);
   for (size_t i = 0; i < a.size(); ++i) a[i] = (float)((i * 7) % 13) - 6.0f;
   for (size_t i = 0; i < b.size(); ++i) b[i] = (float)((i * 5) % 11) - 5.0f;
-  aotc_matmul<float>(
-      batch, M, N, K, a.data(), [&](int64_t bi) { return bi * M * K; }, K, 1, b.data(),
-      [&](int64_t bi) { return bi * N * K; }, 1, K,
-      [&](int64_t bi, int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float* tile, int64_t ldt) {
-        for (int64_t m = m0; m < m0 + mb; ++m)
-          for (int64_t n = n0; n < n0 + nb; ++n) c[(bi * M + m) * N + n] = tile[(m - m0) * ldt + (n - n0)];
-      });
+  for (int64_t n = 0; n < N; ++n)  // b is stored transposed: B[k, n] = b[n * K + k]
+    for (int64_t k = 0; k < K; ++k) bp[(n / NR * K + k) * NR + n % NR] = b[n * K + k];
+  auto into = [&](std::vector<float>& out) {
+    return [&](int64_t bi, int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float* tile, int64_t ldt) {
+      for (int64_t m = m0; m < m0 + mb; ++m)
+        for (int64_t n = n0; n < n0 + nb; ++n) out[(bi * M + m) * N + n] = tile[(m - m0) * ldt + (n - n0)];
+    };
+  };
+  auto offa = [&](int64_t bi) { return bi * M * K; };
+  aotc_matmul<float>(batch, M, N, K, a.data(), offa, K, 1, b.data(), [](int64_t) { return (int64_t)0; }, 1, K,
+                     into(c));
+  aotc_matmul_packed<float>(batch, M, N, K, a.data(), offa, K, 1, bp.data(), into(d));
   int fails = 0;
   for (int64_t bi = 0; bi < batch; ++bi)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
         double ref = 0;
-        for (int64_t k = 0; k < K; ++k) ref += (double)a[(bi * M + m) * K + k] * b[(bi * N + n) * K + k];
-        fails += c[(bi * M + m) * N + n] != (float)ref;  // small integers: exact
+        for (int64_t k = 0; k < K; ++k) ref += (double)a[(bi * M + m) * K + k] * b[n * K + k];
+        const int64_t i = (bi * M + m) * N + n;
+        fails += (c[i] != (float)ref) + (d[i] != (float)ref);
       }
+  return fails;
+}
+
+int main() {
+  int fails = aotc_mm_check(2, 37, 70, 300);  // K over one slice, N and M ragged
+  fails += aotc_mm_check(1, 5, 3, 7);          // K < KC, N < NR, M < MR
+  fails += aotc_mm_check(3, 130, 600, 40);     // several tiles in both directions
+#pragma omp parallel num_threads(2) reduction(+ : fails)
+  fails += aotc_mm_check(2, 19, 40, 50);  // nested in a caller's parallel region: private workspaces
   return fails != 0;
 }
 #endif

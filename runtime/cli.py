@@ -222,6 +222,7 @@ def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
                 f"target    cpu:{tg.level}  {tg.library}, {len(tg.kernels)} kernels, "
                 f"arena {m.pretty(tg.arena_bytes)} bytes, abi {tg.abi_version}, {tg.compiler}"
                 + (f", glibc >= {tg.min_glibc}" if tg.min_glibc else "")
+                + (f", {len(tg.packed.tensors)} packed weights in {tg.packed.member}" if tg.packed else "")
             )
         else:
             echo(

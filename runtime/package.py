@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PackageCorrupt, UsageError
-from .schema import ITEMSIZE, MANIFEST, MAX_MANIFEST_BYTES, Manifest, TensorSpec, check_member_name, from_json
+from .schema import ITEMSIZE, MANIFEST, MAX_MANIFEST_BYTES, Manifest, TensorSpec, Weights, check_member_name, from_json
 from .schema import numpy_dtype as _np_dtype
 
 # ---- the ZIP records (shared with the writer, aotc_build.package) -----------------------------------------
@@ -332,27 +332,32 @@ class Package:
         base = self._entry(member).offset
         return {n: self._array(base, t) for n, t in parse_safetensors(mv, member).items()}
 
-    def weights(self) -> list[np.ndarray]:
-        """The weight tensors in manifest (ABI) order: read-only views into the mapping, 64-byte aligned."""
+    def weights(self, section: Weights | None = None) -> list[np.ndarray]:
+        """The weight tensors in manifest (ABI) order: read-only views into the mapping, 64-byte aligned.
+        ``section``: another weights section of the manifest (a CPU target's packed weights)."""
+        if section is not None and section != self.manifest.weights:
+            return self._section(section)
         if self._weights is None:
-            w = self.manifest.weights
-            found = parse_safetensors(self.view(w.member), w.member)
-            base = self._entry(w.member).offset
-            out = []
-            for spec in w.tensors:
-                t = found.pop(spec.name, None)
-                if t is None:
-                    raise _corrupt(self.path, f"weight {spec.name!r} is missing from {w.member}")
-                if t.dtype != spec.dtype or t.shape != spec.shape:
-                    raise _corrupt(
-                        self.path,
-                        f"weight {spec.name!r} is {t.dtype}{list(t.shape)} in {w.member}, the manifest says {_describe(spec)}",
-                    )
-                out.append(self._array(base, t))
-            if found:
-                raise _corrupt(self.path, f"{w.member} holds tensors the manifest does not list: {sorted(found)[:5]}")
-            self._weights = out
+            self._weights = self._section(self.manifest.weights)
         return self._weights
+
+    def _section(self, w: Weights) -> list[np.ndarray]:
+        found = parse_safetensors(self.view(w.member), w.member)
+        base = self._entry(w.member).offset
+        out = []
+        for spec in w.tensors:
+            t = found.pop(spec.name, None)
+            if t is None:
+                raise _corrupt(self.path, f"weight {spec.name!r} is missing from {w.member}")
+            if t.dtype != spec.dtype or t.shape != spec.shape:
+                raise _corrupt(
+                    self.path,
+                    f"weight {spec.name!r} is {t.dtype}{list(t.shape)} in {w.member}, the manifest says {_describe(spec)}",
+                )
+            out.append(self._array(base, t))
+        if found:
+            raise _corrupt(self.path, f"{w.member} holds tensors the manifest does not list: {sorted(found)[:5]}")
+        return out
 
     def close(self) -> None:
         self._weights = None

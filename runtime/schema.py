@@ -10,14 +10,15 @@ writes it.
 
 A manifest (JSON, keys sorted)::
 
-    {"format": "aotc", "format_version": 2,
+    {"format": "aotc", "format_version": 3,
      "model": {"name": "mlp", "source_sha256": "…"},
      "build": {"aotc": "0.1.0", "torch": "2.13.0", …},
      "symbols": [{"name": "s0", "label": "batch", "min": 1, "max": 256}],
      "inputs":  [{"name": "x", "dtype": "float32", "shape": ["s0", 256]}],
      "outputs": [{"name": "y", "dtype": "float32", "shape": ["s0", 64]}],
      "weights": {"member": "weights.safetensors", "tensors": [{"name": "fc1.weight", …}]},
-     "targets": [{"kind": "cpu", "level": "x86-64-v4", "library": "cpu/x86-64-v4/model.so", …},
+     "targets": [{"kind": "cpu", "level": "x86-64-v4", "library": "cpu/x86-64-v4/model.so",
+                  "packed": {"member": "cpu/x86-64-v4/packed.safetensors", "tensors": […]}, …},
                  {"kind": "cuda", "arch": "sm_90", "kernels": […], "launches": […], …}],
      "members": {"weights.safetensors": {"sha256": "…", "size": 123}, …},
      "selftest": {"member": "selftest.safetensors", "inputs": […], "outputs": […], "rtol": …, "atol": …}}
@@ -60,7 +61,8 @@ from .reader import size as _size
 from .shapes import Size
 
 FORMAT = "aotc"
-FORMAT_VERSION = 2  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights
+FORMAT_VERSION = 3  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;
+# 3: a CPU target may carry ``packed`` weights (its own safetensors member)
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
 
@@ -89,13 +91,18 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def dtype_name(dt: np.dtype) -> str | None:
     """The manifest name of a numpy dtype, or None when the package format has no such dtype."""
-    return _dtype_names().get(np.dtype(dt))
+    dt = np.dtype(dt)
+    name = _dtype_names().get(dt)
+    if name is None and dt.name == "bfloat16" and dt == numpy_dtype("bfloat16"):
+        return "bfloat16"  # whoever made a bfloat16 array has imported ml_dtypes already
+    return name
 
 
 @functools.cache
 def _dtype_names() -> dict[np.dtype, str]:
-    # a lookup, not == against each name: comparing with ml_dtypes' bfloat16 costs ~0.1 ms a time
-    return {numpy_dtype(name): name for name in ITEMSIZE}
+    # a lookup, not == against each name: comparing with ml_dtypes' bfloat16 costs ~0.1 ms a time. Without
+    # bfloat16: importing ml_dtypes takes ~0.1 s (seconds on a busy machine), most of a cold start.
+    return {numpy_dtype(name): name for name in ITEMSIZE if name != "bfloat16"}
 
 
 # ---- the dataclasses ---------------------------------------------------------------------------------
@@ -151,6 +158,9 @@ class CpuTarget:
     flags: tuple[str, ...]
     kernels: tuple[str, ...]
     min_glibc: str = ""  # newest GLIBC_x.y symbol version the library needs ("" for none)
+    # Weights repacked at build time into this level's matmul panel layout; the library takes them after
+    # the manifest's weights, in this order.
+    packed: Weights | None = None
     kind: str = "cpu"
 
 
@@ -304,6 +314,7 @@ class Manifest:
     def referenced_members(self) -> list[str]:
         """Every member the manifest names: weights, libraries, cubins and their sources, the self-test."""
         out = [self.weights.member, *(t.library for t in self.cpu_targets)]
+        out += [t.packed.member for t in self.cpu_targets if t.packed is not None]
         for t in self.cuda_targets:
             out += [p for k in t.kernels for p in (k.member, k.source) if p is not None]
         if self.selftest is not None:
@@ -403,14 +414,19 @@ def validate(m: Manifest) -> None:
     _unique((t.name for t in m.inputs), "inputs")
     _unique((t.name for t in m.outputs), "outputs")
     _unique((t.name for t in m.weights.tensors), "weights.tensors")
-    groups = (("inputs", m.inputs), ("outputs", m.outputs), ("weights.tensors", m.weights.tensors))
+    groups = [("inputs", m.inputs), ("outputs", m.outputs), ("weights.tensors", m.weights.tensors)]
+    for i, cpu in enumerate(m.targets):
+        if isinstance(cpu, CpuTarget) and cpu.packed is not None:
+            check_member_name(cpu.packed.member, f"targets[{i}].packed.member")
+            _unique((t.name for t in cpu.packed.tensors), f"targets[{i}].packed.tensors")
+            groups.append((f"targets[{i}].packed.tensors", cpu.packed.tensors))
     for group, specs in groups:
         for i, t in enumerate(specs):
             if t.dtype not in ITEMSIZE:
                 raise _bad(f"{group}[{i}].dtype", f"unknown dtype {t.dtype!r} (known: {', '.join(ITEMSIZE)})")
             for a, d in enumerate(t.shape):
                 _expr(d, f"{group}[{i}].shape[{a}]", declared)
-            if group == "weights.tensors" and not t.is_static:
+            if group.endswith("tensors") and not t.is_static:
                 raise _bad(f"{group}[{i}].shape", "weights must have static shapes")
     # The runtime binds each symbol from an input dimension that is exactly that symbol.
     bindable = {d for t in m.inputs for d in t.shape if isinstance(d, str) and d in declared}

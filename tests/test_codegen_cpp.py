@@ -20,6 +20,7 @@ import pytest
 from aotc.errors import CompileError
 from aotc_build import kernel as K
 from aotc_build.codegen.cpp import generate
+from aotc_build.codegen.cpp_pack import Packing, pack_array, pack_plan
 from aotc_build.compile import CompiledLibrary, compile_cpp
 from aotc_build.ir import DType
 from aotc_build.kernel_interp import run_program
@@ -43,10 +44,13 @@ void aotc_set_num_threads(int32_t n);
 
 
 class Lib:
-    """A compiled program loaded with cffi: ``run`` takes numpy arrays and returns the outputs."""
+    """A compiled program loaded with cffi: ``run`` takes numpy arrays and returns the outputs. With
+    ``packs`` (from ``pack_plan``), ``prog`` is the packed plan and ``run`` still takes the original
+    weights: it packs them as the builder would and passes them after the others."""
 
-    def __init__(self, prog: K.Plan, built: CompiledLibrary, workdir: Path) -> None:
+    def __init__(self, prog: K.Plan, built: CompiledLibrary, workdir: Path, packs: list[Packing] | None = None) -> None:
         self.prog = prog
+        self.packs = packs or []
         path = workdir / f"{built.key[:16]}.so"
         path.write_bytes(built.so_bytes)
         self.lib = ffi.dlopen(str(path))
@@ -59,6 +63,8 @@ class Lib:
             return tuple(evaluate(to_size(d), env) for d in b.shape)
 
         ins = [np.ascontiguousarray(a, dtype=b.dtype.numpy()) for a, b in zip(ins, self.prog.inputs, strict=True)]
+        by_name = {b.name: a for b, a in zip(self.prog.weights, ws, strict=False)}
+        ws = [*ws, *(pack_array(p, by_name[p.source]) for p in self.packs)]
         ws = [np.ascontiguousarray(a, dtype=b.dtype.numpy()) for a, b in zip(ws, self.prog.weights, strict=True)]
         outs = [
             np.full(shape(b), 0x7B, dtype=np.uint8).view(b.dtype.numpy())
@@ -110,10 +116,11 @@ def libs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     work = tmp_path_factory.mktemp("so")
     store = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     cache = Path(store.mkdir("aotc-cpp")) if store is not None else work / "cache"
-    progs = {c.name: c.prog for c in CASES} | EXTRA
+    # as the builder does: weight matmuls read weights packed for the target's micro-kernel
+    progs = {n: pack_plan(p, TARGET.arch) for n, p in ({c.name: c.prog for c in CASES} | EXTRA).items()}
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        futs = {n: pool.submit(compile_cpp, generate(p, OPTIONS), TARGET, OPTIONS, cache) for n, p in progs.items()}
-        return {n: Lib(progs[n], f.result(), work) for n, f in futs.items()}
+        futs = {n: pool.submit(compile_cpp, generate(p, OPTIONS), TARGET, OPTIONS, cache) for n, (p, _) in progs.items()}
+        return {n: Lib(progs[n][0], f.result(), work, progs[n][1]) for n, f in futs.items()}
 
 
 @pytest.mark.parametrize("trial", TRIALS, ids=trial_id)
@@ -217,14 +224,15 @@ def test_lower_cpu_levels(level: str, request: pytest.FixtureRequest, tmp_path: 
     target = Target("cpu", level)
     store = getattr(request.config, "cache", None)
     cache = Path(store.mkdir("aotc-cpp")) if store is not None else tmp_path
-    names = ("convs", "half", "matmul_bias_relu")
+    names = ("convs", "half", "matmul_bias_relu", "linear_gelu_rowsum")
     cases = [c for c in CASES if c.name in names]
+    packed = [pack_plan(c.prog, level) for c in cases]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        built = list(pool.map(lambda c: compile_cpp(generate(c.prog, OPTIONS), target, OPTIONS, cache), cases))
+        built = list(pool.map(lambda p: compile_cpp(generate(p[0], OPTIONS), target, OPTIONS, cache), packed))
     assert all(f"-march={level}" in b.command for b in built)
-    for case, lib in zip(cases, built, strict=True):
+    for case, lib, (prog, packs) in zip(cases, built, packed, strict=True):
         ins, ws = case_data(case, {"s0": 3})
-        got = Lib(case.prog, lib, tmp_path).run(ins, ws, {"s0": 3})
+        got = Lib(prog, lib, tmp_path, packs).run(ins, ws, {"s0": 3})
         for j, (g, o) in enumerate(zip(got, run_program(case.prog, ins, ws, {"s0": 3}), strict=True)):
             assert_close(g, o, case, f"output {j} at {level}")
 

@@ -124,8 +124,10 @@ class KernelWriter:
 
     def _parallel_for(self, collapse: int, work: str) -> str:
         """The pragma over a kernel's outer loops. ``guided``: big chunks first, then small ones, so a thread
-        that starts late (a busy core) delays the end of the loop by one small chunk, not by its half."""
-        return self._omp(f"parallel for collapse({collapse}) schedule(guided) if ({work} >= AOTC_PAR_MIN_WORK)")
+        that starts late (a busy core) delays the end of the loop by one small chunk, not by its half.
+        Threads by work (aotc_threads_for): one per AOTC_PAR_MIN_WORK elements."""
+        par = f"if ({work} >= 2 * AOTC_PAR_MIN_WORK) num_threads(aotc_threads_for({work}))"
+        return self._omp(f"parallel for collapse({collapse}) schedule(guided) {par}")
 
     # -- loop helpers --
 
@@ -277,12 +279,18 @@ class KernelWriter:
         a, b = k.a, k.b
         self.ctx.acc_dtype = ACC_DTYPE[at]
         self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
-        self.w.line(f"aotc_matmul<{at}>({self._work(sizes)}, aotc_M, aotc_N, aotc_K,")
+        if k.packed:  # b: panels packed at build time (codegen/cpp_pack.py) for this level's micro-kernel
+            nr = to_c(b.strides[0])
+            self.w.line(f'static_assert(AOTC_MM_NR_F32 == {nr}, "weights packed for another panel width");')
+        self.w.line(f"aotc_matmul{'_packed' if k.packed else ''}<{at}>({self._work(sizes)}, aotc_M, aotc_N, aotc_K,")
         with self.w.indent(2):  # the template's arguments continue its call
             self.w.line(f"{operand_ptr(self.ctx.bufs[a.buf], a.dtype)}, {self._offset_fn(a.offset, sizes)},")
             self.w.line(f"{to_c(a.strides[0])}, {to_c(a.strides[1])},")
-            self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)}, {self._offset_fn(b.offset, sizes)},")
-            self.w.line(f"{to_c(b.strides[0])}, {to_c(b.strides[1])},")
+            if k.packed:
+                self.w.line(f"{self.ctx.bufs[b.buf]},")
+            else:
+                self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)}, {self._offset_fn(b.offset, sizes)},")
+                self.w.line(f"{to_c(b.strides[0])}, {to_c(b.strides[1])},")
             head = (
                 "[&](int64_t aotc_b, int64_t aotc_m0, int64_t aotc_mb, int64_t aotc_n0, int64_t aotc_nb, "
                 f"const {at}* aotc_tile, int64_t aotc_ldt)"

@@ -12,7 +12,7 @@ static void aotc_k_pad([[maybe_unused]] const int64_t s0, const float* p_x, floa
   const int64_t aotc_n1 = 7;
   const int64_t aotc_n2 = 9;
   const int64_t aotc_chunks = aotc_ceildiv(aotc_n2, AOTC_CHUNK);
-  #pragma omp parallel for collapse(3) schedule(guided) if (aotc_n0 * aotc_n1 * aotc_n2 >= AOTC_PAR_MIN_WORK)
+  #pragma omp parallel for collapse(3) schedule(guided) if (aotc_n0 * aotc_n1 * aotc_n2 >= 2 * AOTC_PAR_MIN_WORK) num_threads(aotc_threads_for(aotc_n0 * aotc_n1 * aotc_n2))
   for (int64_t i0 = 0; i0 < aotc_n0; ++i0) {
     for (int64_t i1 = 0; i1 < aotc_n1; ++i1) {
       for (int64_t aotc_c = 0; aotc_c < aotc_chunks; ++aotc_c) {

@@ -10,7 +10,7 @@ namespace {
 static void aotc_k_softmax([[maybe_unused]] const int64_t s0, const float* p_x, float* p_y, float* p_m) {
   const int64_t aotc_n0 = s0;
   const int64_t aotc_m0 = 37;
-  #pragma omp parallel for collapse(1) schedule(guided) if (aotc_n0 * aotc_m0 >= AOTC_PAR_MIN_WORK)
+  #pragma omp parallel for collapse(1) schedule(guided) if (aotc_n0 * aotc_m0 >= 2 * AOTC_PAR_MIN_WORK) num_threads(aotc_threads_for(aotc_n0 * aotc_m0))
   for (int64_t i0 = 0; i0 < aotc_n0; ++i0) {
     float aotc_acc0 = -INFINITY;
     bool aotc_nan0 = false;

@@ -1,0 +1,340 @@
+"""CPU side by side: eager torch, torch.compile, ONNX Runtime and the aotc package, in one process, per model.
+
+    python benchmarks/cpu_side_by_side.py [--models mlp,cnn,bert,mobilenet,gpt2_1,gpt2_4]
+                                          [--out FILE.json] [--threads N] [--no-compile] [--no-extras]
+
+Every engine gets the same inputs and the same thread count (the machine's cores unless --threads);
+fp32; each round times 30 single calls and takes their median, three rounds interleave the engines,
+and the best round counts. aotc packages are built for cpu:native. The "vs best" ratio is the faster of
+ONNX Runtime and torch.compile divided by aotc (above 1: aotc is faster); the geomean is over models.
+Extras: the aotc matmul kernel at 2048^3 against torch.mm in the same process (GFLOP/s), and the cold
+start of the MLP package (new process -> import aotc -> load -> first output), idle and with another
+process keeping one core busy. Writes JSON with the CPU model, flags, threads, versions and date.
+On 2 cores the whole set takes several minutes (torch.compile and the aotc build of GPT-2 dominate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+CALLS, ROUNDS = 30, 3
+
+
+# ---- models ----------------------------------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(1024, 4096), nn.Linear(4096, 4096), nn.Linear(4096, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(nn.functional.gelu(self.fc2(nn.functional.gelu(self.fc1(x)))))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hid = c_in * expand
+        self.use_res = stride == 1 and c_in == c_out
+        self.body = nn.Sequential(
+            nn.Conv2d(c_in, hid, 1, bias=False), nn.BatchNorm2d(hid), nn.ReLU6(),
+            nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False), nn.BatchNorm2d(hid), nn.ReLU6(),
+            nn.Conv2d(hid, c_out, 1, bias=False), nn.BatchNorm2d(c_out),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.use_res else self.body(x)
+
+
+class MobileNetV2(nn.Module):
+    """torchvision's MobileNetV2 layout (width 1.0), written out so torchvision is not needed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6()]
+        c = 32
+        for t, co, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+            for i in range(n):
+                layers.append(InvertedResidual(c, co, s if i == 0 else 1, t))
+                c = co
+        layers += [nn.Conv2d(c, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU6()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(1280, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).mean((2, 3)))
+
+
+class FirstOutput(nn.Module):
+    """transformers models return ModelOutput objects; aotc packages return tensors."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x, return_dict=False)[0]
+
+
+def _cnn() -> nn.Module:
+    spec = importlib.util.spec_from_file_location("cnn_example", ROOT / "examples" / "cnn.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.model
+
+
+def _bert() -> nn.Module:
+    import transformers
+
+    cfg = transformers.BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    return FirstOutput(transformers.BertModel(cfg))
+
+
+def _gpt2() -> nn.Module:
+    import transformers
+
+    return FirstOutput(transformers.GPT2Model(transformers.GPT2Config()))
+
+
+MODELS: dict[str, tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]]] = {
+    "mlp": ("MLP 1024-4096-4096-1024 GELU (64x1024)", MLP, lambda: torch.randn(64, 1024)),
+    "cnn": ("small ResNet-style CNN (4x3x224x224)", _cnn, lambda: torch.randn(4, 3, 224, 224)),
+    "bert": ("BERT 4 layers, hidden 256 (4x128)", _bert, lambda: torch.randint(0, 30522, (4, 128))),
+    "mobilenet": ("MobileNetV2-style (1x3x224x224)", MobileNetV2, lambda: torch.randn(1, 3, 224, 224)),
+    "gpt2_1": ("GPT-2 small (1x128)", _gpt2, lambda: torch.randint(0, 50257, (1, 128))),
+    "gpt2_4": ("GPT-2 small (4x128)", _gpt2, lambda: torch.randint(0, 50257, (4, 128))),
+}
+
+
+# ---- engines ---------------------------------------------------------------------------------------------
+
+
+def _aotc(model: nn.Module, x: torch.Tensor, name: str, work: Path, threads: int) -> tuple[Callable[[], object], dict]:
+    import aotc
+    from aotc_build.build import build_captured
+    from aotc_build.capture import capture_module
+    from aotc_build.options import BuildOptions, parse_target
+
+    t0 = time.perf_counter()
+    cap = capture_module(model, (x,), name=name)
+    pkg = work / f"{name}.pkg"
+    build_captured(cap, pkg, BuildOptions(targets=(parse_target("cpu:native"),), selftest=False))
+    build_s = time.perf_counter() - t0
+    m = aotc.load(pkg, device="cpu", num_threads=threads)
+    xn = x.numpy()
+    return (lambda: m(xn)), {"build_s": round(build_s, 1), "package": str(pkg)}
+
+
+def _ort(model: nn.Module, x: torch.Tensor, work: Path, threads: int) -> Callable[[], object]:
+    import onnxruntime as ort
+
+    path = work / "m.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    feed = {sess.get_inputs()[0].name: x.numpy()}
+    return lambda: sess.run(None, feed)
+
+
+def _rounds(fns: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Best of ROUNDS interleaved rounds of the median of CALLS single calls, in ms."""
+    best = dict.fromkeys(fns, math.inf)
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            fn()
+            ts = []
+            for _ in range(CALLS):
+                t = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t)
+            best[name] = min(best[name], statistics.median(ts) * 1e3)
+    return best
+
+
+def _close(got: object, want: torch.Tensor) -> float:
+    g = np.asarray(got[0] if isinstance(got, list | tuple) else got, dtype=np.float64)
+    w = want.double().numpy()
+    return float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-6))
+
+
+def bench_model(key: str, threads: int, compile_: bool) -> dict:
+    title, make, inputs = MODELS[key]
+    torch.manual_seed(0)
+    model, x = make().eval(), inputs()
+    row: dict = {"model": key, "title": title}
+    fns: dict[str, Callable[[], object]] = {}
+    with torch.no_grad():
+        want = model(x)
+        fns["eager"] = lambda: model(x)
+        if compile_:
+            t0 = time.perf_counter()
+            compiled = torch.compile(model)
+            compiled(x)
+            row["compile_s"] = round(time.perf_counter() - t0, 1)
+            fns["torch.compile"] = lambda: compiled(x)
+    work = Path(tempfile.mkdtemp(prefix="side_"))
+    try:
+        ort_fn = _ort(model, x, work, threads)
+        row["ort_rel_err"] = _close(ort_fn(), want)
+        fns["onnxruntime"] = ort_fn
+    except Exception as e:
+        row["ort_note"] = f"{type(e).__name__}: {str(e)[:200]}"
+    aotc_fn, info = _aotc(model, x, key, work, threads)
+    row.update(info)
+    row["aotc_rel_err"] = _close(aotc_fn(), want)
+    fns["aotc"] = aotc_fn
+    with torch.no_grad():
+        row["ms"] = {k: round(v, 3) for k, v in _rounds(fns).items()}
+    peers = [row["ms"][k] for k in ("onnxruntime", "torch.compile") if k in row["ms"]]
+    if peers:
+        row["best_peer_over_aotc"] = round(min(peers) / row["ms"]["aotc"], 3)
+    return row
+
+
+# ---- extras ----------------------------------------------------------------------------------------------
+
+
+def bench_matmul(threads: int) -> dict:
+    """The aotc matmul kernel (through a one-matmul package) against torch.mm, 2048^3 fp32."""
+    n = 2048
+    torch.manual_seed(0)
+    lin = nn.Linear(n, n, bias=False).eval()
+    x = torch.randn(n, n)
+    fn, _ = _aotc(lin, x, "matmul2048", Path(tempfile.mkdtemp(prefix="side_")), threads)
+    w = lin.weight.detach().t().contiguous()
+    ms = _rounds({"aotc": fn, "torch.mm": lambda: torch.mm(x, w)})
+    gf = {k: round(2 * n**3 / (v * 1e-3) / 1e9, 1) for k, v in ms.items()}
+    return {"ms": ms, "gflops": gf, "aotc_over_torch": round(gf["aotc"] / gf["torch.mm"], 3)}
+
+
+@contextlib.contextmanager
+def _busy_core() -> Iterator[None]:
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        p.kill()
+        p.wait()
+
+
+COLD = """
+import time, sys
+t0 = time.perf_counter()
+import numpy as np, aotc
+m = aotc.load(sys.argv[1], device="cpu")
+y = m(np.zeros((64, 1024), np.float32))
+print(time.perf_counter() - t0)
+"""
+
+
+def bench_cold_start(pkg: str, runs: int = 5) -> dict:
+    """Seconds from a new process to the first output: wall time of the child, and its own import->output."""
+    out = {}
+    for label, ctx in (("idle", contextlib.nullcontext), ("one_core_busy", _busy_core)):
+        walls, inner = [], []
+        with ctx():
+            for _ in range(runs):
+                t = time.perf_counter()
+                r = subprocess.run([sys.executable, "-c", COLD, pkg], capture_output=True, text=True, check=True)
+                walls.append(time.perf_counter() - t)
+                inner.append(float(r.stdout.strip().splitlines()[-1]))
+        out[label] = {"process_s": round(statistics.median(walls), 3), "import_to_output_s": round(statistics.median(inner), 3)}
+    return out
+
+
+# ---- main ------------------------------------------------------------------------------------------------
+
+
+def _cpu() -> dict:
+    from aotc.cpu_features import cpu_flags, cpu_level
+
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
+    return {"model": name, "cores": os.cpu_count(), "level": cpu_level(), "flags": sorted(cpu_flags())}
+
+
+def _versions() -> dict:
+    import aotc
+
+    out = {"aotc": aotc.__version__, "torch": torch.__version__, "python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("onnxruntime", "onnx", "transformers"):
+        with contextlib.suppress(ImportError):
+            out[mod] = __import__(mod).__version__
+    out["gcc"] = subprocess.run(["g++", "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build on few cores)")
+    ap.add_argument("--no-extras", action="store_true", help="skip the 2048^3 matmul and the cold start")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cpu = _cpu()
+    doc: dict = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
+        "threads": args.threads, "versions": _versions(),
+        "method": f"fp32; per engine the median of {CALLS} single calls; best of {ROUNDS} interleaved rounds; "
+                  "aotc built for cpu:native; best_peer_over_aotc = min(ORT, torch.compile) / aotc",
+        "rows": [], "notes": [], "loadavg_start": os.getloadavg(),
+    }  # fmt: skip
+    if args.no_compile:
+        doc["notes"].append("torch.compile skipped (--no-compile)")
+    for key in args.models.split(","):
+        row = bench_model(key.strip(), args.threads, not args.no_compile)
+        doc["rows"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "package"}), flush=True)
+    ratios = [r["best_peer_over_aotc"] for r in doc["rows"] if "best_peer_over_aotc" in r]
+    if ratios:
+        doc["geomean_best_peer_over_aotc"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+    if not args.no_extras:
+        doc["matmul_2048"] = bench_matmul(args.threads)
+        print(json.dumps(doc["matmul_2048"]), flush=True)
+        mlp = next((r["package"] for r in doc["rows"] if r["model"] == "mlp"), None)
+        if mlp is None:
+            _, info = _aotc(MLP().eval(), torch.randn(64, 1024), "mlp", Path(tempfile.mkdtemp(prefix="side_")), args.threads)
+            mlp = info["package"]
+        doc["cold_start_mlp"] = bench_cold_start(mlp)
+        print(json.dumps(doc["cold_start_mlp"]), flush=True)
+    doc["loadavg_end"] = os.getloadavg()  # other processes on the machine skew every engine's times
+    for r in doc["rows"]:
+        r.pop("package", None)
+    day = doc["date"][:10]
+    cpu_tag = "".join(c if c.isalnum() else "_" for c in cpu["model"]).strip("_")[:40]
+    out = args.out or ROOT / "benchmarks" / "results" / f"cpu_side_by_side_{day}_{cpu_tag}.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"\n{'model':10s} " + " ".join(f"{k:>13s}" for k in ("eager", "torch.compile", "onnxruntime", "aotc", "peer/aotc")))
+    for r in doc["rows"]:
+        cells = [f"{r['ms'].get(k, float('nan')):13.2f}" for k in ("eager", "torch.compile", "onnxruntime", "aotc")]
+        print(f"{r['model']:10s} " + " ".join(cells) + f" {r.get('best_peer_over_aotc', float('nan')):13.2f}")
+    print(f"geomean peer/aotc: {doc.get('geomean_best_peer_over_aotc')}; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

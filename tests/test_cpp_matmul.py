@@ -1,0 +1,179 @@
+"""The CPU matmul with weights packed at build time (aot/codegen/cpp_pack.py, cpp_templates/matmul.h):
+odd sizes (M, N, K no multiples of the blocks, K < KC, N < NR, K over one KC slice), a weight broadcast
+over batch dimensions, each kind of epilogue (bias, activation, residual, cast), 16-bit operands, at every
+CPU level this machine runs. Each packed library is checked against the kernel interpreter on the
+unpacked program, and against the same program compiled without packing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import sympy
+from aotc.cpu_features import cpu_flags
+from aotc_build import kernel as K
+from aotc_build.codegen.cpp import generate
+from aotc_build.codegen.cpp_pack import PANEL, pack_array, pack_plan
+from aotc_build.compile import compile_cpp
+from aotc_build.ir import DType, Op
+from aotc_build.kernel_interp import eval_index, run_program
+from aotc_build.options import BuildOptions, Target
+from test_codegen_cpp import Lib
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from programs import BATCH, S0, bin_, buf, i0, i1, i2, i3, ld, program, st, un
+
+F32, BF16 = DType.f32, DType.bf16
+LEVELS = [lv for lv, flag in (("x86-64-v3", "avx2"), ("x86-64-v4", "avx512f")) if flag in cpu_flags()]
+
+
+def _linear(name: str, m: sympy.Expr | int, n: int, k: int, transposed: bool, epi: str, dt: DType = F32) -> K.Plan:
+    """y[m, n] = epi(x[m, k] @ W) with W stored as w[n, k] (transposed, as nn.Linear) or w[k, n]."""
+    b = K.Strided("w", sympy.Integer(0), (sympy.Integer(1), sympy.Integer(k)) if transposed else (sympy.Integer(n), sympy.Integer(1)), dt)
+    a = K.Strided("x", sympy.Integer(0), (sympy.Integer(k), sympy.Integer(1)), dt)
+    v: K.Value = K.Acc()
+    if "bias" in epi:
+        v = bin_(Op.ADD, v, ld("bias", i1))
+    if "relu" in epi:
+        v = un(Op.RELU, v)
+    if "residual" in epi:
+        v = bin_(Op.ADD, v, ld("r", i0 * n + i1))
+    out = BF16 if "cast" in epi else F32
+    if out is not F32:
+        v = un(Op.CAST, v, out)
+    mm = K.Matmul(name, (), m, n, k, a, b, (st("y", i0 * n + i1, v),))
+    ins = [buf("x", dt, (m, k), "input")] + ([buf("r", F32, (m, n), "input")] if "residual" in epi else [])
+    ws = [buf("w", dt, (n, k) if transposed else (k, n), "weight")] + ([buf("bias", F32, (n,), "weight")] if "bias" in epi else [])
+    return program(BATCH, ins, [buf("y", out, (m, n), "output")], ws, [mm])
+
+
+def _batched() -> K.Plan:
+    """y[s0, 2, 9, 70] = x[s0, 2, 9, 33] @ w[33, 70] + bias: one weight for every batch."""
+    a = K.Strided("x", i0 * 594 + i1 * 297, (sympy.Integer(33), sympy.Integer(1)), F32)
+    b = K.Strided("w", sympy.Integer(0), (sympy.Integer(70), sympy.Integer(1)), F32)
+    v = bin_(Op.ADD, K.Acc(), ld("bias", i3))
+    mm = K.Matmul("bmm", (S0, 2), 9, 70, 33, a, b, (st("y", i0 * 1260 + i1 * 630 + i2 * 70 + i3, v),))
+    return program(BATCH, [buf("x", F32, (S0, 2, 9, 33), "input")], [buf("y", F32, (S0, 2, 9, 70), "output")],
+                   [buf("w", F32, (33, 70), "weight"), buf("bias", F32, (70,), "weight")], [mm])  # fmt: skip
+
+
+PROGS = {
+    "odd_bias": (_linear("odd_bias", 7 * S0, 45, 300, True, "bias"), 2e-4),  # K over one KC slice
+    "small_relu": (_linear("small_relu", S0, 5, 3, False, "relu"), 2e-4),  # K < KC, N < NR, M < MR
+    "residual_cast": (_linear("residual_cast", 13 * S0, 70, 129, True, "bias,residual,cast"), 1e-2),
+    "bf16": (_linear("bf16", 3 * S0, 33, 260, True, "bias", BF16), 2e-2),
+    "batched": (_batched(), 2e-4),
+}
+TRIALS = (1, 5, 37)  # s0
+
+
+def _data(prog: K.Plan, env: dict[str, int], rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def make(b: K.Buffer) -> np.ndarray:
+        x = rng.uniform(-2, 2, tuple(int(eval_index(d, env)) for d in b.shape)).astype(np.float32)
+        return x.astype(ml_dtypes.bfloat16) if b.dtype is BF16 else x
+
+    return [make(b) for b in prog.inputs], [make(b) for b in prog.weights]
+
+
+@pytest.fixture(scope="module")
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, bool], Lib]:
+    work = tmp_path_factory.mktemp("mm")
+    store = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    cache = Path(store.mkdir("aotc-cpp")) if store is not None else work / "cache"
+    jobs = [(name, level, packed) for name in PROGS for level in LEVELS for packed in (True, False)]
+
+    def one(job: tuple[str, str, bool]) -> Lib:
+        name, level, packed = job
+        prog, packs = pack_plan(PROGS[name][0], level) if packed else (PROGS[name][0], [])
+        target = Target("cpu", level)
+        options = BuildOptions(targets=(target,))
+        return Lib(prog, compile_cpp(generate(prog, options), target, options, cache), work, packs)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(jobs, pool.map(one, jobs), strict=True))
+
+
+def test_every_weight_matmul_is_packed() -> None:
+    for name, (prog, _) in PROGS.items():
+        for level, nr in PANEL.items():
+            packed, packs = pack_plan(prog, level)
+            assert len(packs) == 1 and all(isinstance(k, K.Matmul) and k.packed for k in packed.kernels), name
+            assert packed.weights[-1].shape == packs[0].shape and packs[0].nr == nr
+            assert packed.labels[packs[0].name] == f"w.packed{nr}"
+            assert f"static_assert(AOTC_MM_NR_F32 == {nr}" in generate(packed, BuildOptions(targets=(Target("cpu", level),)))
+
+
+def test_pack_array_layout() -> None:
+    prog, packs = pack_plan(_linear("t", 4, 5, 3, True, ""), "x86-64-v3")
+    w = np.arange(15, dtype=np.float32).reshape(5, 3)  # w[n, k]: B[k, n] = w[n, k]
+    got = pack_array(packs[0], w)
+    assert got.shape == (1, 3, 16)
+    np.testing.assert_array_equal(got[0, :, :5], w.T)
+    assert not got[0, :, 5:].any()  # zero past N
+
+
+@pytest.mark.skipif(not LEVELS, reason="needs AVX2")
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", sorted(PROGS))
+def test_packed_matmul_matches_interp(name: str, level: str, built: dict[tuple[str, str, bool], Lib]) -> None:
+    prog, tol = PROGS[name]
+    rng = np.random.default_rng(0)
+    for s0 in TRIALS:
+        env = {"s0": s0}
+        ins, ws = _data(prog, env, rng)
+        want = run_program(prog, ins, ws, env)
+        got = built[(name, level, True)].run(ins, ws, env)
+        plain = built[(name, level, False)].run(ins, ws, env)
+        for g, p, w in zip(got, plain, want, strict=True):
+            g64, p64, w64 = (np.asarray(x, dtype=np.float64) for x in (g, p, w))
+            np.testing.assert_allclose(g64, w64, rtol=tol, atol=tol, err_msg=f"{name} at {level}, s0={s0}")
+            np.testing.assert_allclose(g64, p64, rtol=tol, atol=tol, err_msg=f"{name} packed vs not at {level}")
+
+
+def test_thread_count_changes_nothing(built: dict[tuple[str, str, bool], Lib]) -> None:
+    lib = built[("odd_bias", LEVELS[-1], True)]
+    ins, ws = _data(PROGS["odd_bias"][0], {"s0": 37}, np.random.default_rng(1))
+    lib.lib.aotc_set_num_threads(1)
+    one = lib.run(ins, ws, {"s0": 37})
+    lib.lib.aotc_set_num_threads(0)
+    np.testing.assert_array_equal(one[0], lib.run(ins, ws, {"s0": 37})[0])
+
+
+def test_manifest_carries_packed_weights() -> None:
+    import dataclasses
+
+    from affine_pkg import affine_manifest
+    from aotc.errors import PackageCorrupt
+    from aotc.schema import TensorSpec, Weights, from_json, to_json
+
+    m = affine_manifest()
+    packed = Weights("cpu/x86-64-v2/packed.safetensors", (TensorSpec("w.packed8", "float32", (1, 4, 8)),))
+    cpu = dataclasses.replace(m.targets[0], packed=packed)
+    m2 = dataclasses.replace(m, targets=(cpu,), members={})
+    assert from_json(to_json(m2)) == m2 and packed.member in m2.referenced_members()
+    for bad in (Weights("../packed.safetensors", packed.tensors), Weights(packed.member, packed.tensors * 2)):
+        with pytest.raises(PackageCorrupt, match="packed"):
+            to_json(dataclasses.replace(m2, targets=(dataclasses.replace(cpu, packed=bad),)))
+
+
+def test_packed_matmul_golden() -> None:
+    """The generated call of the packed matmul, as text (UPDATE_GOLDEN=1 to accept an intended change)."""
+    from golden import check_golden
+
+    prog, _ = pack_plan(PROGS["odd_bias"][0], "x86-64-v4")
+    check_golden("cpp_matmul_packed.cpp", generate(prog, BuildOptions(targets=(Target("cpu", "x86-64-v4"),))))
+
+
+def test_cpu_only_package_leaves_out_packed_originals() -> None:
+    from aotc_build.codegen.cpp_pack import packed_only, without
+
+    v3, v4 = pack_plan(PROGS["odd_bias"][0], "x86-64-v3"), pack_plan(PROGS["odd_bias"][0], "x86-64-v4")
+    assert packed_only([v3, v4]) == {"w"}  # read by no target's kernels: only through packed copies
+    assert [w.name for w in without(v4[0], {"w"}).weights] == ["bias", "w_packed"]
+    with pytest.raises(AssertionError):
+        without(PROGS["odd_bias"][0], {"w"})  # the unpacked plan still reads it
