@@ -40,6 +40,15 @@ def r(*shape: int) -> torch.Tensor:
     return torch.randn(*shape)
 
 
+class _MHA(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
 def _bn(c: int) -> nn.BatchNorm2d:
     bn = nn.BatchNorm2d(c)
     bn.running_mean.uniform_(-0.5, 0.5)
@@ -200,6 +209,8 @@ CASES = [
            lambda b: (r(b, 10),)),  # fmt: skip
     OpCase("int_ops", lambda: Fn(lambda m, x: ((x // 3) + (x % 5) * 2 - x.cumsum(-1)).float() * 0.5),
            lambda b: (torch.randint(-20, 20, (b, 9)),)),  # fmt: skip
+    # nn.MultiheadAttention projects a sequence-first view: a linear batched over tokens (passes/linear.py)
+    OpCase("multihead_attention", _MHA, lambda b: (r(b, 7, 32),)),
     OpCase("sdpa", lambda: Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v)),
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16))),  # fmt: skip
     OpCase("sdpa_causal", lambda: Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),

@@ -11,18 +11,21 @@ from collections.abc import Callable
 from ..ir import Graph
 from .fold import dce, fold_constants, fold_conv_scale
 from .layout import channels_last_nodes, conv_weights_channels_last
+from .linear import flatten_linear
 from .merge import merge_matmuls
 from .rewrite import rewrite
 
 Pass = Callable[[Graph], Graph]
 
 __all__ = [
-    "PIPELINE", "Pass", "channels_last_nodes", "conv_weights_channels_last", "dce", "fold_constants",
+    "PIPELINE", "Pass", "channels_last_nodes", "conv_weights_channels_last", "dce", "flatten_linear", "fold_constants",
     "fold_conv_scale", "merge_matmuls", "rewrite", "run_pipeline",
 ]  # fmt: skip
 
 # the layout pass comes last: constant folding would fold its weight permutes back
-PIPELINE: list[Pass] = [dce, fold_constants, fold_conv_scale, fold_constants, merge_matmuls, conv_weights_channels_last]
+PIPELINE: list[Pass] = [
+    dce, fold_constants, fold_conv_scale, flatten_linear, fold_constants, merge_matmuls, conv_weights_channels_last,
+]
 
 
 def run_pipeline(g: Graph, check: Callable[[Graph, str], None] | None = None) -> Graph:
