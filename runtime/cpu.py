@@ -27,7 +27,6 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import cffi
 import numpy as np
 
 from .cpu_features import LEVELS, cpu_flags, cpu_level, missing_features
@@ -43,8 +42,10 @@ int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* ou
                  const void* const* weights, void* arena, char* err, size_t errlen);
 void aotc_set_num_threads(int32_t n);
 """
-_ffi = cffi.FFI()
-_ffi.cdef(CDEF)
+# CDEF parsed ahead of time (cffi's out-of-line ABI mode): parsing it at import would import pycparser,
+# ~60 ms of a cold start. tests/test_ffi_modules.py regenerates the module and checks it matches CDEF.
+from ._cffi_cpu import ffi as _ffi  # noqa: E402
+
 _ERRLEN = 4096
 _OPENMP_RUNTIMES = (b"libgomp.so.1", b"libomp.so", b"libomp.so.5", b"libiomp5.so")
 

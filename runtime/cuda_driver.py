@@ -133,10 +133,10 @@ NO_BINARY = {209, 218, 222}  # NO_BINARY_FOR_GPU, INVALID_PTX, UNSUPPORTED_PTX_V
 
 
 def new_ffi() -> Any:
-    import cffi
+    """The cffi FFI of CDEF, parsed ahead of time (out-of-line ABI mode: no pycparser at run time); see
+    tests/test_ffi_modules.py, which regenerates it and checks it matches CDEF."""
+    from ._cffi_cuda import ffi
 
-    ffi = cffi.FFI()
-    ffi.cdef(CDEF)
     return ffi
 
 

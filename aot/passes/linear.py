@@ -36,7 +36,7 @@ def _bias(add: Node, mm: Node) -> Node | None:
 def _rows(shape: tuple) -> object:
     n: object = 1
     for d in shape:
-        n = n * d  # type: ignore[operator]
+        n = n * d
     return n
 
 
