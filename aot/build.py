@@ -109,8 +109,9 @@ def _cpu_target(
 
 def _cuda_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTarget, dict[str, bytes]]:
     from .cubin import build_cuda_target
+    from .tune import tune_program
 
-    return build_cuda_target(prog, target, options, cache_dir)
+    return build_cuda_target(prog, target, options, cache_dir, tune_program if options.tune else None)
 
 
 def _versions(options: BuildOptions) -> dict[str, str]:

@@ -22,7 +22,7 @@ import os
 import re
 import struct
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -373,19 +373,26 @@ def arena_layout(prog: K.Plan) -> tuple[tuple[schema.Slot, ...], Any]:
     return tuple(schema.Slot(b.name, to_size(offsets[b.name])) for b in prog.arena), to_size(size)
 
 
+# (program, sm, options, cache dir, index_i64) -> tuned config by kernel name; aot.tune.tune_program is one
+Tuner = Callable[[K.Plan, int, BuildOptions, Any, bool], dict[str, Any]]
+
+
 def build_cuda_target(
-    prog: K.Plan, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str] | None
-) -> tuple[schema.CudaTarget, dict[str, bytes]]:
+    prog: K.Plan, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str] | None,
+    tuner: Tuner | None = None,
+) -> tuple[schema.CudaTarget, dict[str, bytes]]:  # fmt: skip
     """Every kernel of ``prog`` as a cubin for ``target`` (``cuda:sm_NN``): the manifest's CUDA target and
     the package members it names (``cuda/sm_NN/<kernel>.cubin`` and the Triton source beside it). Pointer
     arguments name ``prog``'s inputs, outputs and weights by index: the manifest lists them in that order.
 
-    ``cache_dir``: the content-addressed cubin cache (None: a throwaway folder, nothing reused)."""
+    ``cache_dir``: the content-addressed cubin cache (None: a throwaway folder, nothing reused). ``tuner``:
+    picks tile configs by timing them (``aotc build --tune`` passes ``aot.tune.tune_program``; the tuner
+    itself compiles through this module, so it is handed in rather than imported)."""
     if target.kind != "cuda":
         raise CompileError(f"build_cuda_target needs a cuda target, got {target}")
     if cache_dir is None:
         with tempfile.TemporaryDirectory(prefix="aotc-cubins-") as tmp:
-            return build_cuda_target(prog, target, options, tmp)
+            return build_cuda_target(prog, target, options, tmp, tuner)
     sm = target.sm
     split = split_k(prog, sm, options)  # skinny long-K matmuls: K slices + a sum kernel (this target only)
     if split is not prog:
@@ -402,11 +409,7 @@ def build_cuda_target(
     members: dict[str, bytes] = {}
     versions: set[str] = set()
     index_i64 = tg.index_is_i64(prog)  # a property of the whole program; ~0.04 s a kernel to recompute
-    tuned: dict[str, tg.Config] = {}
-    if options.tune:
-        from .tune import tune_program
-
-        tuned = tune_program(prog, sm, options, cache_dir, index_i64)
+    tuned: dict[str, tg.Config] = tuner(prog, sm, options, cache_dir, index_i64) if tuner is not None else {}
     generated = []
     for k in prog.kernels:
         name = kernel_name(k.name, taken)

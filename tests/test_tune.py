@@ -193,7 +193,7 @@ def test_build_without_tune_is_deterministic_and_tune_without_gpu_matches_it(tmp
     plain = BuildOptions(targets=(SM90,))
     t1, m1 = build_cuda_target(prog, SM90, plain, tmp_path / "a")
     t2, m2 = build_cuda_target(prog, SM90, plain, tmp_path / "b")
-    t3, m3 = build_cuda_target(prog, SM90, replace(plain, tune=True), tmp_path / "c")
+    t3, m3 = build_cuda_target(prog, SM90, replace(plain, tune=True), tmp_path / "c", tune.tune_program)
     assert m1 == m2 == m3 and t1 == t2 == t3
     src = next(v for k, v in m1.items() if k.endswith(".py")).decode()
     assert "# tile config: " in src
@@ -206,7 +206,7 @@ def test_tuned_config_reaches_the_package(fake: FakeLib, tmp_path: Path, monkeyp
     monkeypatch.setattr(tune, "candidates", lambda s, sm: TWO)
     fake.cost_ms = lambda launch: float(launch.grid[0])  # fewer tiles: faster
     prog = programs.linear_relu_bf16().prog
-    t, members = build_cuda_target(prog, SM90, BuildOptions(targets=(SM90,), precision="bf16", tune=True), tmp_path)
+    t, members = build_cuda_target(prog, SM90, BuildOptions(targets=(SM90,), precision="bf16", tune=True), tmp_path, tune.tune_program)
     src = next(v for k, v in members.items() if k.endswith(".py")).decode()
     assert "# tile config: 64x64x32 w4 s3 g8 (tuned, sm_90)" in src
 
