@@ -36,6 +36,9 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from zoo.models import FirstOutput  # noqa: E402  (the zoo's wrapper: ModelOutput -> its first tensor)
+
 CALLS, ROUNDS = 30, 3
 
 
@@ -83,17 +86,6 @@ class MobileNetV2(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).mean((2, 3)))
-
-
-class FirstOutput(nn.Module):
-    """transformers models return ModelOutput objects; aotc packages return tensors."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x, return_dict=False)[0]
 
 
 def _cnn() -> nn.Module:
