@@ -16,7 +16,8 @@ _NO_FOLD = {Op.EXPAND, Op.INPUT, Op.WEIGHT}
 MAX_GROWTH = 1
 
 
-def _fresh(name: str, weights: dict[str, np.ndarray]) -> str:
+def fresh_name(name: str, weights: dict[str, np.ndarray]) -> str:
+    """``name``, made unique among ``weights`` (the passes that add weights share it)."""
     while name in weights:
         name += "_"
     return name
@@ -44,7 +45,7 @@ def fold_constants(g: Graph) -> Graph:
         out = eval_node(n, vals, {}, g)
         if out.size > max(limit, 1):
             return None
-        name = _fresh(f"const.{len(weights)}", weights)
+        name = fresh_name(f"const.{len(weights)}", weights)
         weights[name] = np.ascontiguousarray(out)
         w = Node(Op.WEIGHT, (), TensorType(n.dtype, n.shape), WeightAttr(name), n.source)
         consts[w] = weights[name]
@@ -74,7 +75,7 @@ def fold_conv_scale(g: Graph) -> Graph:
         cout = w.shape[0]
         if c.size != cout or tuple(src.shape) not in ((1, cout, 1, 1), (cout, 1, 1)):
             return None
-        name = _fresh(f"{w.attr.name}.scaled", weights)
+        name = fresh_name(f"{w.attr.name}.scaled", weights)
         weights[name] = np.ascontiguousarray(weights[w.attr.name] * c.reshape(cout, 1, 1, 1)).astype(weights[w.attr.name].dtype)
         scaled = Node(Op.WEIGHT, (), w.type, WeightAttr(name), w.source)
         return Node(Op.CONV2D, (conv.inputs[0], scaled), conv.type, conv.attr, conv.source)

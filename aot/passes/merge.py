@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import Family, Graph, Node, Op, SliceAttr, TensorType, WeightAttr, dims_equal
-from .fold import _fresh, dce
+from .fold import dce, fresh_name
 from .rewrite import rewrite
 
 
@@ -77,7 +77,7 @@ def merge_matmuls(g: Graph) -> Graph:
     def build(grp: list[_Linear], a: Node) -> Node:
         first = grp[0].matmul
         mats = [weights[lin.matmul.inputs[1].attr.name] for lin in grp]  # type: ignore[union-attr]
-        wname = _fresh(f"{first.inputs[1].attr.name}.merged", weights)  # type: ignore[union-attr]
+        wname = fresh_name(f"{first.inputs[1].attr.name}.merged", weights)  # type: ignore[union-attr]
         weights[wname] = np.ascontiguousarray(np.concatenate(mats, axis=1))
         total = weights[wname].shape[1]
         w = Node(Op.WEIGHT, (), TensorType(first.inputs[1].dtype, (first.inputs[1].shape[0], total)), WeightAttr(wname), first.source)
@@ -85,7 +85,7 @@ def merge_matmuls(g: Graph) -> Graph:
         if grp[0].bias is None:
             return out
         rows = [weights[lin.bias.attr.name].reshape(1, -1) for lin in grp]  # type: ignore[union-attr]
-        bname = _fresh(f"{grp[0].bias.attr.name}.merged", weights)  # type: ignore[union-attr]
+        bname = fresh_name(f"{grp[0].bias.attr.name}.merged", weights)  # type: ignore[union-attr]
         weights[bname] = np.ascontiguousarray(np.concatenate(rows, axis=1))
         b = Node(Op.WEIGHT, (), TensorType(first.dtype, (1, total)), WeightAttr(bname), first.source)
         bx = Node(Op.EXPAND, (b,), out.type, None, first.source)
