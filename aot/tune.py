@@ -1,9 +1,10 @@
-"""``aotc build --tune``: benchmark a few tile configs per Matmul/Conv on the build machine's GPU, keep the
-fastest, and remember it in the cache dir.
+"""``aotc build --tune``: benchmark a few tile configs per Matmul/Conv/Attention (and big Reduce) on the
+build machine's GPU, keep the fastest, and remember it in the cache dir.
 
 What it is: ``jobs`` (the tunable kernels of a program, identical kernels merged, each with its candidate
 sources), ``compile_all`` (every candidate cubin, in parallel processes), ``Bench`` (the runtime's own
-launcher on random device buffers sized at the example sizes, timed with CUDA events), the winners'
+launcher on random device buffers sized at the example sizes, timed with CUDA events, in a child process
+(``measure_isolated``: a candidate that faults on the device costs itself, not the build)), the winners'
 cache (``<cache>/tune/``, keyed by kernel signature + shape bucket + SM + device + Triton version) and
 ``tune_program``, which the CUDA target build calls. Without a GPU of the target's SM it says so in one
 line and the build uses the committed table / heuristic (``configs.choose``).
@@ -19,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,10 +75,9 @@ def jobs(prog: K.Program, sm: int, options: BuildOptions, index_i64: bool, sm_co
     by_key: dict[str, Job] = {}
     env = tuple(sorted((s.name, example(prog, sympy.Symbol(s.name))) for s in prog.symbols))
     for k in prog.kernels:
-        shape_of = tg.SHAPES.get(type(k))
-        if shape_of is None:
+        if not tg.tunable(prog, k):
             continue
-        s = shape_of(prog, k, options)
+        s = tg.SHAPES[type(k)](prog, k, options)
         kn = replace(k, name=NAME)
         sig = tg.generate(prog, kn, options, sm, index_i64, _SIG_CONFIG).source
         doc = {"v": TUNE_VERSION, "sig": sig, "shape": s.key, "sm": sm, "sms": sm_count, "device": device,
@@ -228,17 +230,28 @@ class Bench:
         self.drv.lib.cuStreamDestroy_v2(self.stream)
 
 
-def bench_job(bench: Bench, job: Job, compiled: dict[tuple[str, Config], Compiled | str]) -> Result | None:
-    """Time every candidate of ``job`` that compiled; None when none ran."""
+def bench_job(
+    bench: Bench,
+    job: Job,
+    compiled: dict[tuple[str, Config], Compiled | str],
+    skip: frozenset[str] = frozenset(),
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> Result | None:
+    """Time every candidate of ``job`` that compiled (but those in ``skip``, by config text); None when none
+    ran. ``report`` hears of each candidate before it runs and with its time after."""
     from aotc.errors import DeviceError
 
     timings: list[tuple[float, Config]] = []
     for c, tk in job.candidates:
         cc = compiled.get((job.key, c))
-        if not isinstance(cc, Compiled):
+        if not isinstance(cc, Compiled) or str(c) in skip:
             continue
+        if report:
+            report({"start": str(c)})
         try:
             timings.append((bench.time(job, tk, cc), c))
+            if report:
+                report({"done": str(c), "ms": timings[-1][0]})
         except (CompileError, DeviceError):
             if bench.drv.broken is not None:
                 raise
@@ -246,6 +259,109 @@ def bench_job(bench: Bench, job: Job, compiled: dict[tuple[str, Config], Compile
         return None
     timings.sort(key=lambda t: (t[0], t[1]))
     return Result(timings[0][1], timings[0][0], tuple((str(c), round(t, 5)) for t, c in timings))
+
+
+# ---- timing in a child process -----------------------------------------------------------------------
+
+MAX_CRASHES = 8  # candidates that may take a child down before the rest of the tuning is given up
+
+
+def measure_isolated(
+    todo: Sequence[Job],
+    compiled: dict[tuple[str, Config], Compiled | str],
+    sm: int,
+    note: Callable[[str], None],
+    spawn: Callable[[Path], subprocess.Popen[str]] | None = None,
+) -> dict[str, Result | None]:
+    """Time ``todo`` in a child process (``python -m aotc_build.tune_worker``), so that a candidate that
+    faults on the device (an illegal address leaves the CUDA context unusable) costs that candidate, not the
+    build: the child reports each candidate before it runs, and when it dies the one it was running is
+    skipped and a new child carries on with the rest."""
+    spawn = spawn or _spawn_worker
+    skip: dict[str, set[str]] = {}
+    results: dict[str, Result | None] = {}
+    times: dict[str, list[tuple[float, str]]] = {}
+    crashes = 0
+    with tempfile.TemporaryDirectory(prefix="aotc-tune-") as tmp:
+        while True:
+            left = [j for j in todo if j.key not in results]
+            if not left:
+                return results
+            work = Path(tmp) / "work.pkl"
+            with open(work, "wb") as f:
+                pickle.dump({"sm": sm, "jobs": left, "skip": {k: sorted(v) for k, v in skip.items()},
+                             "compiled": {kc: compiled[kc] for kc in compiled if kc[0] in {j.key for j in left}}}, f)  # fmt: skip
+            child = spawn(work)
+            running: tuple[str, str] | None = None
+            assert child.stdout is not None
+            for line in child.stdout:
+                msg = json.loads(line)
+                key = msg.get("job", "")
+                if "start" in msg:
+                    running = (key, msg["start"])
+                elif "done" in msg:
+                    times.setdefault(key, []).append((float(msg["ms"]), msg["done"]))
+                    running = None
+                elif "result" in msg:
+                    results[key] = _result(msg["result"])
+            rc = child.wait()
+            err = work.with_suffix(".err").read_text(errors="replace") if work.with_suffix(".err").exists() else ""
+            if rc == 0:
+                for j in left:  # a job the child finished without a result line had no candidate run
+                    results.setdefault(j.key, None)
+                continue
+            crashes += 1
+            if running is None or crashes > MAX_CRASHES:
+                note(f"aotc build --tune: the timing process failed ({err.strip().splitlines()[-1:] or ['no message']}); "
+                     "kernels left untimed use the table/heuristic configs")  # fmt: skip
+                for j in left:
+                    results.setdefault(j.key, _best(times.get(j.key, []), j))
+                return results
+            key, cfg = running
+            skip.setdefault(key, set()).add(cfg)
+            why = next((ln for ln in reversed(err.splitlines()) if ln.strip()), "no message")
+            note(f"aotc build --tune: candidate {cfg} crashed the timing process ({why.strip()[:160]}); skipped")
+
+
+def _spawn_worker(work: Path) -> subprocess.Popen[str]:
+    """The child for ``work``: JSON lines on its stdout, its stderr in WORK.err (read after it exits)."""
+    with open(work.with_suffix(".err"), "w") as err:
+        return subprocess.Popen([sys.executable, "-m", f"{__package__}.tune_worker", str(work)],
+                                stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+
+
+def _result(doc: dict[str, Any]) -> Result:
+    return Result(Config.from_json(doc["config"]), float(doc["ms"]), tuple((a, float(b)) for a, b in doc["timings"]))
+
+
+def _best(timed: list[tuple[float, str]], job: Job) -> Result | None:
+    """The fastest candidate a crashed child timed before it died (None: none)."""
+    by_text = {str(c): c for c, _ in job.candidates}
+    timed = sorted(t for t in timed if t[1] in by_text)
+    if not timed:
+        return None
+    return Result(by_text[timed[0][1]], timed[0][0], tuple((c, round(ms, 5)) for ms, c in timed))
+
+
+def run_worker(work: Path, out: Callable[[dict[str, Any]], None], drv: Any = None) -> None:
+    """The child's side of ``measure_isolated``: time the jobs in ``work`` and ``out`` one message per event."""
+    with open(work, "rb") as f:
+        doc = pickle.load(f)  # written by our own parent process, in a private temporary folder
+    found = find_device(doc["sm"], drv)
+    if isinstance(found, str):
+        raise SystemExit(found)
+    bench = Bench(*found)
+    try:
+        for j in doc["jobs"]:
+
+            def report(msg: dict[str, Any], key: str = j.key) -> None:
+                out({"job": key, **msg})
+
+            r = bench_job(bench, j, doc["compiled"], frozenset(doc["skip"].get(j.key, ())), report)
+            if r is not None:
+                out({"job": j.key, "result": {"config": r.config.to_json(), "ms": r.ms, "timings": r.timings}})
+    finally:
+        bench.close()
 
 
 # ---- the winners' cache ------------------------------------------------------------------------------
@@ -302,7 +418,9 @@ def tune_program(
     note: Callable[[str], None] | None = None,
 ) -> dict[str, Config]:
     """The tuned config of every tunable kernel of ``prog`` that has one (cached or measured now); kernels
-    left out get ``configs.choose``'s pick. ``drv``: a driver binding (tests pass a stand-in)."""
+    left out get ``configs.choose``'s pick. ``drv``: a driver binding (tests pass a stand-in, which is then
+    timed in this process; the real driver times candidates in a child process, ``measure_isolated``)."""
+    isolated = drv is None
     note = note or (lambda line: print(line, file=sys.stderr))
     found = find_device(sm, drv)
     if isinstance(found, str):
@@ -320,14 +438,18 @@ def tune_program(
             out.update(dict.fromkeys(j.names, r.config))
     if todo:
         compiled = compile_all(todo, sm, cache_dir, options.cuda_fp_fusion)
-        bench = Bench(drv, dev)
-        try:
-            for j in todo:
-                r = bench_job(bench, j, compiled)
-                if r is not None:
-                    store(cache_dir, j, r, dev.name)
-                    out.update(dict.fromkeys(j.names, r.config))
-        finally:
-            bench.close()
+        if isolated:
+            results = measure_isolated(todo, compiled, sm, note)
+        else:
+            bench = Bench(drv, dev)
+            try:
+                results = {j.key: bench_job(bench, j, compiled) for j in todo}
+            finally:
+                bench.close()
+        for j in todo:
+            r = results.get(j.key)
+            if r is not None:
+                store(cache_dir, j, r, dev.name)
+                out.update(dict.fromkeys(j.names, r.config))
     note(f"aotc build --tune: {len(js)} kernel shapes on {dev.name} (sm_{sm}), {len(js) - len(todo)} from the cache")
     return out

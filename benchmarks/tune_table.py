@@ -1,11 +1,12 @@
-"""Tune the matmul/conv kernels of the benchmark models on this GPU, write the per-SM config table, and say
+"""Tune the matmul/conv/attention kernels and big reductions of the benchmark models on this GPU, write the per-SM config table, and say
 how far the table's and the heuristic's picks fall behind tuning, and how our matmuls compare with torch.mm.
 
     python benchmarks/tune_table.py OUT.json [--write-table] [--models mlp,gpt2,...] [--precisions bf16,fp16,fp32]
 
 Kernels come from each model's kernel Program (capture + compile_graph at the benchmark's static shapes, no
 cubins), collected in parallel processes; identical kernels are tuned once (aot/tune.py: candidates compiled
-in parallel, timed with the runtime's launcher and CUDA events). ``--write-table`` rewrites
+in parallel, timed with the runtime's launcher and CUDA events in a child process that a faulting candidate
+cannot take the run down with). ``--write-table`` rewrites
 aot/codegen/triton/tables/sm_NN.json with the winners. Designed to finish in a few minutes on a 16-core
 H200 host; the cubin cache goes to $AOTC_CACHE_DIR (default: a folder beside OUT.json).
 """
@@ -26,7 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-MODELS = ("mlp", "gpt2", "bert", "vit", "resnet50", "llama", "mm4096")
+MODELS = ("mlp", "gpt2", "bert", "vit", "resnet50", "llama", "mm4096", "attn", "ln8192")
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 
@@ -49,6 +50,15 @@ def _module(name: str) -> tuple[Any, tuple[Any, ...]]:
                 return x @ self.w
 
         return MM(), (torch.randn(4096, 4096),)
+    if name == "attn":  # the kernel figure of benchmarks/gpu_side_by_side.py: causal SDPA, 8x12x1024x64
+
+        class Attn(nn.Module):
+            def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        return Attn(), tuple(torch.randn(8, 12, 1024, 64) for _ in range(3))
+    if name == "ln8192":
+        return nn.LayerNorm(8192), (torch.randn(8192, 8192),)
     from zoo.models import REAL, real_inputs, real_module
 
     real = {"gpt2": ("gpt2_small", 1, 256), "bert": ("bert_base", 8, 128), "vit": ("vit_b_16", 8, 224),
@@ -78,6 +88,15 @@ def collect(name: str, precision: str, sm: int, sms: int, device: str) -> tuple[
         return name, precision, jobs(plan, sm, opts, index_is_i64(plan), sms, device)
     except Exception as e:  # a model that does not capture (or a precision not built yet) is reported, not fatal
         return name, precision, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _flop(s: Any) -> float:
+    """Useful floating-point work of a tuned kernel (a reduction: its elements, so 'TFLOP/s' reads as Telem/s)."""
+    if s.kind.startswith("attention"):
+        return 4 * s.m * s.n * s.k * s.batch * (0.5 if s.kind == "attention_causal" else 1.0)
+    if s.kind == "reduce":
+        return s.m * s.n
+    return 2 * s.m * s.n * s.k * s.batch
 
 
 def torch_ms(shape: Any, precision: str) -> float | None:
@@ -117,7 +136,7 @@ def main() -> None:
     t0 = time.perf_counter()
 
     from aotc_build.codegen.triton import configs
-    from aotc_build.tune import Bench, bench_job, compile_all, find_device
+    from aotc_build.tune import compile_all, find_device, measure_isolated
 
     found = find_device(90 if "sm" not in opts else int(opts["sm"]))
     if isinstance(found, str):
@@ -145,29 +164,27 @@ def main() -> None:
     t_compile = time.perf_counter() - t0 - t_collect
     print(f"compiled in {t_compile:.0f} s", flush=True)
 
-    bench = Bench(drv, dev)
     rows: list[dict[str, Any]] = []
     best_cfg: dict[int, Any] = {}
     table = configs.table(sm)
-    try:
-        for key in sorted(by_key, key=lambda k: (by_key[k][0].shape.key, k)):
-            j, precision = by_key[key]
-            r = bench_job(bench, j, compiled)
-            if r is None:
-                print(f"no candidate ran for {j.shape.key}", flush=True)
-                continue
-            ms = dict(r.timings)
-            heur = configs.heuristic(j.shape, sm, dev.sm_count)
-            tab = table.get(j.shape.key)
-            flop = 2 * j.shape.m * j.shape.n * j.shape.k * j.shape.batch
-            row = {"key": key, "shape": j.shape.key, "precision": precision, "models": sorted(set(uses[key])), "kernels": len(j.names),
-                   "best": str(r.config), "best_ms": r.ms, "heuristic": str(heur), "heuristic_ms": ms.get(str(heur)),
-                   "table": str(tab) if tab else None, "table_ms": ms.get(str(tab)) if tab else None,
-                   "tflops": round(flop / r.ms / 1e9, 1), "timings": r.timings}  # fmt: skip
-            rows.append(row)
-            best_cfg[id(row)] = r.config
-    finally:
-        bench.close()
+    order = sorted(by_key, key=lambda k: (by_key[k][0].shape.key, k))
+    results = measure_isolated([by_key[k][0] for k in order], compiled, sm, lambda line: print(line, flush=True))
+    for key in order:
+        j, precision = by_key[key]
+        r = results.get(key)
+        if r is None:
+            print(f"no candidate ran for {j.shape.key}", flush=True)
+            continue
+        ms = dict(r.timings)
+        heur = configs.heuristic(j.shape, sm, dev.sm_count)
+        tab = table.get(j.shape.key)
+        flop = _flop(j.shape)
+        row = {"key": key, "shape": j.shape.key, "precision": precision, "models": sorted(set(uses[key])), "kernels": len(j.names),
+               "best": str(r.config), "best_ms": r.ms, "heuristic": str(heur), "heuristic_ms": ms.get(str(heur)),
+               "table": str(tab) if tab else None, "table_ms": ms.get(str(tab)) if tab else None,
+               "tflops": round(flop / r.ms / 1e9, 1), "timings": r.timings}  # fmt: skip
+        rows.append(row)
+        best_cfg[id(row)] = r.config
     for row in rows:
         j, precision = by_key[row["key"]]
         t = torch_ms(j.shape, precision)

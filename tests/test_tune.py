@@ -5,11 +5,14 @@ no-GPU fallback, and byte-identical builds without ``--tune``."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aotc import shapes
 from aotc.cuda_driver import Driver, new_ffi
 from aotc.errors import IncompatiblePackage
 from aotc_build import kernel as K
@@ -105,8 +108,24 @@ def test_config_is_visible_in_the_source() -> None:
     assert "# tile config: " in src and "sm_90" in src
     tuned = tg.generate(case.prog, k, BuildOptions(precision="bf16"), 90, config=Config(64, 32, 32, 4, 3, 4)).source
     assert "# tile config: 64x32x32 w4 s3 g4 (tuned, sm_90)" in tuned and "BLOCK_N: tl.constexpr" in tuned
+    pw = programs.pointwise_permute().prog
     with pytest.raises(Exception, match="takes no tile config"):
-        tg.generate(programs.softmax().prog, programs.softmax().prog.kernels[0], BuildOptions(), 90, config=Config(16, 16, 16, 4, 1))
+        tg.generate(pw, pw.kernels[-1], BuildOptions(), 90, config=Config(16, 16, 16, 4, 1))
+
+
+def test_attention_and_big_reductions_are_tunable() -> None:
+    """Attention tiles and reduction rows/warps are configs too: candidates beyond the default, the default
+    among them, and only reductions over a million elements or more are timed."""
+    att = Shape("attention_causal", "f16", 1024, 1024, 64, 96)
+    cands = candidates(att, 90)
+    assert cands[0] == heuristic(att, 90) == Config(128, 64, 64, 4, 3) and len(cands) >= 5
+    assert all(c.block_n <= c.block_m for c in cands)
+    short = candidates(Shape("attention", "f16", 20, 20, 64, 8), 90)
+    assert all(c.block_m <= 32 and c.block_n <= 32 for c in short)
+    red = Shape("reduce", "f32", 8192, 8192, 1)
+    assert heuristic(red, 90) == Config(1, 8192, 1, 16, 1) and len(candidates(red, 90)) >= 4
+    sm = programs.softmax().prog
+    assert not tg.tunable(sm, sm.kernels[0])  # a small reduction: launch-bound, not worth timing
 
 
 # ---- the tuner ---------------------------------------------------------------------------------------
@@ -150,6 +169,28 @@ def test_tune_picks_the_fastest_and_caches_it(fake: FakeLib, tmp_path: Path, mon
     again = tune.tune_program(prog, 90, opts, tmp_path, False, drv=fake.drv, note=lines.append)  # type: ignore[attr-defined]
     assert again == got and len(fake.launches) == tuned_launches  # a cache hit launches nothing
     assert lines[0].endswith("1 from the cache")
+
+
+def test_a_candidate_that_crashes_the_timing_process_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tune, "candidates", lambda s, sm: TWO)
+    prog = programs.linear_relu_bf16().prog
+    opts = BuildOptions(targets=(SM90,), precision="bf16", tune=True)
+    (job,) = tune.jobs(prog, 90, opts, False, 132, "Fake GPU")
+    compiled = tune.compile_all([job], 90, tmp_path, True)
+    grids = [int(shapes.evaluate(tk.grid[0], dict(job.env))) for _, tk in job.candidates]
+    assert grids[0] > grids[1]  # TWO[0]'s smaller tiles: more programs, and the fake worker dies on them
+
+    def spawn(work: Path) -> subprocess.Popen[str]:
+        with open(work.with_suffix(".err"), "w") as err:
+            script = Path(__file__).parent / "fake_tune_worker.py"
+            return subprocess.Popen([sys.executable, str(script), str(work), str(grids[1])], stdout=subprocess.PIPE,
+                                    stderr=err, text=True)  # fmt: skip
+
+    lines: list[str] = []
+    got = tune.measure_isolated([job], compiled, 90, lines.append, spawn)
+    assert got[job.key] is not None and got[job.key].config == TWO[1]
+    assert [t[0] for t in got[job.key].timings] == [str(TWO[1])]
+    assert len(lines) == 1 and str(TWO[0]) in lines[0] and "ILLEGAL_ADDRESS" in lines[0]
 
 
 def test_cache_key_depends_on_kernel_shape_and_sm() -> None:
@@ -200,13 +241,14 @@ def test_build_without_tune_is_deterministic_and_tune_without_gpu_matches_it(tmp
 
 
 def test_tuned_config_reaches_the_package(fake: FakeLib, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import aotc.cuda_driver
-
-    monkeypatch.setattr(aotc.cuda_driver, "driver", lambda: fake.drv)  # type: ignore[attr-defined]
     monkeypatch.setattr(tune, "candidates", lambda s, sm: TWO)
     fake.cost_ms = lambda launch: float(launch.grid[0])  # fewer tiles: faster
     prog = programs.linear_relu_bf16().prog
-    t, members = build_cuda_target(prog, SM90, BuildOptions(targets=(SM90,), precision="bf16", tune=True), tmp_path, tune.tune_program)
+
+    def tuner(*args: Any) -> dict[str, Config]:
+        return tune.tune_program(*args, drv=fake.drv)  # type: ignore[attr-defined]
+
+    t, members = build_cuda_target(prog, SM90, BuildOptions(targets=(SM90,), precision="bf16", tune=True), tmp_path, tuner)
     src = next(v for k, v in members.items() if k.endswith(".py")).decode()
     assert "# tile config: 64x64x32 w4 s3 g8 (tuned, sm_90)" in src
 

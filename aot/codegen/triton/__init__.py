@@ -23,7 +23,7 @@ from .sizes import index_is_i64
 from .templates import attention, conv, matmul
 from .values import Param, TritonKernel
 
-__all__ = ["SHAPES", "WRITERS", "Config", "Param", "Shape", "TritonKernel", "generate", "index_is_i64"]
+__all__ = ["SHAPES", "WRITERS", "Config", "Param", "Shape", "TritonKernel", "generate", "index_is_i64", "tunable"]
 
 # kernel class → writer(prog, kernel, index_i64, options, sm)
 WRITERS: dict[type, Callable[[K.Program, Any, bool, BuildOptions, int], TritonKernel]] = {
@@ -40,7 +40,16 @@ WRITERS: dict[type, Callable[[K.Program, Any, bool, BuildOptions, int], TritonKe
 SHAPES: dict[type, Callable[[K.Program, Any, BuildOptions], Shape]] = {
     K.Matmul: matmul.shape,
     K.Conv: conv.shape,
+    K.Attention: attention.shape,
+    K.Reduce: loops.reduce_shape,
 }
+
+
+def tunable(prog: K.Program, k: K.Kernel) -> bool:
+    """Whether ``--tune`` times configs for ``k``: every dot template, and reductions big enough to matter."""
+    if isinstance(k, K.Reduce):
+        return loops.worth_tuning(prog, k)
+    return type(k) in SHAPES
 
 
 def generate(

@@ -6,6 +6,9 @@ N, K, batch); ``candidates`` (a short list pruned by shared memory); ``choose`` 
 (``tables/sm_NN.json``) when it has the shape, else ``heuristic``. The tuning cache (aot/tune.py) sits in
 front of ``choose`` when the build asks for ``--tune``; without it the choice is a pure function of the
 shape and the SM, so packages stay byte-identical.
+The same machinery serves the fused attention (kind "attention"/"attention_causal": BLOCK_M x BLOCK_N over
+queries x keys, ``block_k`` the head dim) and big reductions (kind "reduce": ``block_m`` rows a program,
+``block_n`` the row block, ``num_warps``), whose defaults are rules rather than a cost model.
 What it is not: a benchmark. The heuristic's cost model only ranks candidates.
 
 Note (heuristic): a tile's time is modelled as waves x the tile's work at a per-tile efficiency, against a
@@ -66,7 +69,7 @@ class Shape:
     types), "tf32" (fp32 operands on tensor cores, ``--precision tf32``), "f32" (ieee fp32 on FMA units), or
     "other" (fp64/integers: the broadcast-sum fallback)."""
 
-    kind: str  # "matmul" | "conv"
+    kind: str  # "matmul" | "conv" | "attention" | "attention_causal" | "reduce"
     mode: str
     m: int  # rows at the size hints (M of one matmul problem; N*OH*OW for conv)
     n: int
@@ -111,6 +114,10 @@ _F32 = (
 def candidates(s: Shape, sm: int) -> list[Config]:
     """The configs worth trying for ``s`` on ``sm``: fitting shared memory, not much larger than the
     problem (a 128-row tile over 16 rows wastes 7/8 of its work), deduplicated, largest first."""
+    if s.kind.startswith("attention"):
+        return _attention_candidates(s, sm)
+    if s.kind == "reduce":
+        return _reduce_candidates(s)
     if s.mode == "other" or sm < 80:
         return [_fallback(s, sm)]
     itemsize = 2 if s.mode == "f16" else 4
@@ -181,8 +188,78 @@ def estimate_ms(c: Config, s: Shape, sm: int, sms: int | None = None) -> float:
 
 
 def heuristic(s: Shape, sm: int, sms: int | None = None) -> Config:
+    if s.kind.startswith("attention"):
+        return _attention_default(s, sm)
+    if s.kind == "reduce":
+        return reduce_default(s)
     cands = candidates(s, sm)
     return min(cands, key=lambda c: (round(estimate_ms(c, s, sm, sms), 6), -c.block_m * c.block_n, c))
+
+
+# ---- attention and reductions ------------------------------------------------------------------------
+
+# (BLOCK_M, BLOCK_N, warps, stages) for 16-bit flash attention: the Triton tutorial's Hopper/Ampere space
+_ATTN_F16 = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 3), (128, 64, 4, 4),
+             (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 3))  # fmt: skip
+_ATTN_F32 = ((64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 8, 2))
+
+
+def _attention_default(s: Shape, sm: int) -> Config:
+    stages = 3 if sm >= 80 else 2
+    if s.mode == "f32":  # ieee fp32 dots run on FMA units: small tiles
+        bm, bn, w, st = (64, 32, 4, 2) if s.k <= 64 else (32, 32, 4, 2)
+    elif s.k <= 64:
+        bm, bn, w, st = 128, 64, 4, stages
+    elif s.k <= 128:
+        bm, bn, w, st = 128, 64, 8, stages
+    else:
+        bm, bn, w, st = 64, 32, 4, 2
+    return _attention_fit(Config(bm, bn, s.k, w, st), s)
+
+
+def _attention_fit(c: Config, s: Shape) -> Config:
+    """``c`` clamped to the problem: no tile far past the sequence lengths, BLOCK_N <= BLOCK_M (the causal
+    split into full and diagonal key blocks assumes it)."""
+    bm = min(c.block_m, max(16, bucket(s.m)))
+    bn = min(c.block_n, bm, max(16, bucket(s.n)))
+    return Config(bm, bn, s.k, c.num_warps, c.num_stages)
+
+
+def _attention_candidates(s: Shape, sm: int) -> list[Config]:
+    table = _ATTN_F32 if s.mode == "f32" else _ATTN_F16
+    itemsize = 4 if s.mode == "f32" else 2
+    limit = SMEM.get(sm, 101376) - 4096
+    out = [_attention_default(s, sm)]
+    for bm, bn, w, st in table:
+        c = _attention_fit(Config(bm, bn, s.k, w, st), s)
+        if bn > bm or c in out:
+            continue
+        if (c.block_m + 2 * c.block_n * c.num_stages) * max(16, bucket(s.k)) * itemsize <= limit:
+            out.append(c)
+    return out
+
+
+# rows a program x warps for one-pass reductions (block_n, the row block, is fixed by the row length)
+_REDUCE = ((1, 4), (1, 8), (1, 16), (1, 32), (2, 8), (2, 16), (4, 8), (4, 16))
+
+
+def reduce_default(s: Shape) -> Config:
+    """The untuned rule: enough programs to fill the GPU first (~128), then up to SINGLE_PASS_MAX elements
+    a program; warps by the elements a program holds. ``s.n`` is the row block (a power of two)."""
+    rows = s.m // 128
+    xb = max(1, min(1 << max(0, rows.bit_length() - 1), 64, max(1, 8192 // s.n)))
+    n = xb * s.n
+    warps = 16 if n >= 8192 else 8 if n >= 4096 else 4 if n >= 256 else 2 if n >= 64 else 1
+    return Config(xb, s.n, 1, warps, 1)
+
+
+def _reduce_candidates(s: Shape) -> list[Config]:
+    out = [reduce_default(s)]
+    for xb, w in _REDUCE:
+        c = Config(xb, s.n, 1, w, 1)
+        if xb * s.n <= 16384 and xb <= max(1, s.m // 256) and w * 32 * 4 <= xb * s.n and c not in out:
+            out.append(c)
+    return out
 
 
 # ---- the committed tables ----------------------------------------------------------------------------

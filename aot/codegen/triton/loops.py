@@ -13,7 +13,8 @@ import sympy
 from ... import kernel as K
 from ...ir import DType, Op
 from ...options import BuildOptions
-from .sizes import cdiv, hint, prod, upper
+from .configs import Config, Shape, choose, reduce_default
+from .sizes import cdiv, example, hint, prod, upper
 from .values import TL, XR, Gen, R, TritonKernel, X, literal, next_pow2
 
 # Longest reduce/scan kept whole in registers: one read of each row, where the loop re-reads it per step
@@ -52,21 +53,24 @@ def pointwise(prog: K.Program, k: K.Pointwise, index_i64: bool, options: BuildOp
     return g.finish(k.name, g.w, {"XBLOCK": block}, (cdiv(numel, block), 1, 1), num_warps=warps)
 
 
-def _tiles(prog: K.Program, outer: sympy.Expr | int, rlen: sympy.Expr | int) -> tuple[bool, int, int, int]:
-    """(single pass?, XBLOCK, RBLOCK, num_warps) for a reduce/scan over ``rlen`` per outer position."""
+def tiles(prog: K.Program, outer: sympy.Expr | int, rlen: sympy.Expr | int) -> tuple[bool, int]:
+    """(single pass?, RBLOCK) for a reduce/scan over ``rlen`` per outer position."""
     r_max = upper(prog, rlen)
     if r_max is not None and r_max <= SINGLE_PASS_MAX:
-        rb = next_pow2(max(1, r_max))
-        single = True
-    else:
-        rb = LOOP_RBLOCK
-        single = False
-    # rows per program: enough programs to fill the GPU first (~128), then up to 4096 elements per program
-    rows = hint(prog, outer) // 128
-    xb = max(1, min(1 << max(0, rows.bit_length() - 1), 64, SINGLE_PASS_MAX // rb))
-    n = xb * rb
-    warps = 16 if n >= 8192 else 8 if n >= 4096 else 4 if n >= 256 else 2 if n >= 64 else 1
-    return single, xb, rb, warps
+        return True, next_pow2(max(1, r_max))
+    return False, LOOP_RBLOCK
+
+
+def reduce_shape(prog: K.Program, k: K.Reduce, options: BuildOptions) -> Shape:
+    """The reduction as the config chooser and the tuner key it: rows at the example sizes, the row block."""
+    del options
+    _, rb = tiles(prog, prod(k.ranges), prod(k.reduce_ranges))
+    return Shape("reduce", k.steps[0].dtype.value, example(prog, prod(k.ranges)), rb, 1)
+
+
+def worth_tuning(prog: K.Program, k: K.Reduce) -> bool:
+    """Reductions over at least a million elements: below that a launch costs more than any tile saves."""
+    return example(prog, prod(k.ranges)) * example(prog, prod(k.reduce_ranges)) >= 1 << 20
 
 
 def _outer(g: Gen, ranges: tuple[sympy.Expr, ...]) -> sympy.Expr | int:
@@ -91,12 +95,15 @@ def _rindex(g: Gen, ranges: tuple[sympy.Expr, ...], start: str | None) -> None:
     g.decompose("rindex", ranges, "r", R)
 
 
-def reduce(prog: K.Program, k: K.Reduce, index_i64: bool, options: BuildOptions, sm: int) -> TritonKernel:
-    del options, sm  # the tiles of loop kernels depend on neither yet
+def reduce(
+    prog: K.Program, k: K.Reduce, index_i64: bool, options: BuildOptions, sm: int, config: Config | None = None
+) -> TritonKernel:
     g = Gen(prog, index_i64, ("XBLOCK", "RBLOCK"))
     rlen = prod(k.reduce_ranges)
     outer = prod(k.ranges)
-    single, xb, rb, warps = _tiles(prog, outer, rlen)
+    single, rb = tiles(prog, outer, rlen)
+    cfg = config or choose(reduce_shape(prog, k, options), sm)[0]
+    xb, warps = cfg.block_m, cfg.num_warps
     _outer(g, k.ranges)
     rn, _ = g.index(rlen)
 
@@ -160,10 +167,12 @@ def _finish_reduce(s: K.Reduction, x: str) -> str:
 
 
 def scan(prog: K.Program, k: K.Scan, index_i64: bool, options: BuildOptions, sm: int) -> TritonKernel:
-    del options, sm  # the tiles of loop kernels depend on neither yet
+    del options  # the tiles of scans depend on neither yet
     g = Gen(prog, index_i64, ("XBLOCK", "RBLOCK"))
     outer = prod(k.ranges)
-    single, xb, rb, warps = _tiles(prog, outer, k.length)
+    single, rb = tiles(prog, outer, k.length)
+    cfg = reduce_default(Shape("reduce", k.dtype.value, hint(prog, outer), rb, 1))
+    xb, warps = cfg.block_m, cfg.num_warps
     _outer(g, k.ranges)
     rn, _ = g.index(k.length)
     dt = TL[k.dtype]

@@ -16,27 +16,26 @@ from aotc.errors import CompileError
 from .... import kernel as K
 from ....ir import DType
 from ....options import BuildOptions
-from ..sizes import grid_size, hint, prod
+from ..configs import Config, Shape, choose, dot_mode
+from ..sizes import example, grid_size, prod
 from ..values import NO_AXES, TL, XR, Gen, R, TritonKernel, X, next_pow2
 from .dot import DOT_TYPES, bind, dot_line, masks
 
 LOG2E = 1.4426950408889634
 
 
-def attention_config(head_dim: int, dtype: DType, sm: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a head dim and operand type (the type the dots run in).
-    The one place tiles are chosen, so a tuner can replace it."""
-    stages = 3 if sm >= 80 else 2
-    if dtype is DType.f32:  # ieee fp32 dots run on FMA units: small tiles
-        return (64, 32, 4, 2) if head_dim <= 64 else (32, 32, 4, 2)
-    if head_dim <= 64:
-        return 128, 64, 4, stages
-    if head_dim <= 128:
-        return 128, 64, 8, stages
-    return 64, 32, 4, 2
+def shape(prog: K.Program, k: K.Attention, options: BuildOptions) -> Shape:
+    """The problem ``k`` is at the example sizes, as the config chooser and the tuner key it: m and n the
+    query and key lengths, k the (larger) head dim, batch the batch x heads positions."""
+    run_dt = DType.bf16 if k.q.dtype is DType.f32 and options.precision == "bf16" else k.q.dtype
+    kind = "attention_causal" if k.causal else "attention"
+    e = max(int(k.head_dim), int(k.v_dim))
+    return Shape(kind, dot_mode(run_dt, options), example(prog, k.q_len), example(prog, k.kv_len), e, example(prog, prod(k.batch)))
 
 
-def attention(prog: K.Program, k: K.Attention, index_i64: bool, options: BuildOptions, sm: int) -> TritonKernel:
+def attention(
+    prog: K.Program, k: K.Attention, index_i64: bool, options: BuildOptions, sm: int, config: Config | None = None
+) -> TritonKernel:
     dt = k.q.dtype
     if not (k.q.dtype is k.k.dtype is k.v.dtype) or dt not in DOT_TYPES:
         raise CompileError(f"attention {k.name!r}: operands must share one of fp32/fp16/bf16, got "
@@ -45,12 +44,11 @@ def attention(prog: K.Program, k: K.Attention, index_i64: bool, options: BuildOp
         raise CompileError(f"attention {k.name!r}: head dims must be static, got {k.head_dim}, {k.v_dim}")
     e, ev = int(k.head_dim), int(k.v_dim)
     g = Gen(prog, index_i64, ("BLOCK_M", "BLOCK_DV"))
-    run_dt = DType.bf16 if dt is DType.f32 and options.precision == "bf16" else dt
-    bm, bn, warps, stages = attention_config(max(e, ev), run_dt, sm)
-    bm = min(bm, max(16, next_pow2(hint(prog, k.q_len))))
-    bn = min(bn, bm, max(16, next_pow2(hint(prog, k.kv_len))))
+    cfg, why = (config, "tuned") if config is not None else choose(shape(prog, k, options), sm)
+    bm, bn, warps, stages = cfg.block_m, min(cfg.block_n, cfg.block_m), cfg.num_warps, cfg.num_stages
     bd, bdv = max(16, next_pow2(e)), max(16, next_pow2(ev))
     w = g.w
+    w.line(f"# tile config: {bm}x{bn} w{warps} s{stages} ({why}, sm_{sm})")
     L, _ = g.index(k.q_len)
     S, _ = g.index(k.kv_len)
     nb = len(k.batch)
@@ -153,4 +151,4 @@ def _masked(mask: str) -> str:
     return f", mask={mask}, other=0" if mask else ""
 
 
-__all__ = ["LOG2E", "attention", "attention_config"]
+__all__ = ["LOG2E", "attention", "shape"]
