@@ -11,6 +11,7 @@
 # cases:     builds the shared kernel cases (tests/gpu/programs.py GPU_CASES) here with the GPU hidden, then runs
 #            them (tests/gpu/test_cuda_cases.py): every template checked on the GPU in about two minutes.
 # sbs-build, sbs-run: benchmarks/gpu_side_by_side.py (SBS_PRECISIONS, SBS_MODES, SBS_BUDGET_S, SBS_TUNE=1).
+# tune:      benchmarks/tune_table.py --write-table (TUNE_MODELS, TUNE_PRECISIONS); sm_90.json comes back in $OUT.
 # .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -101,6 +102,11 @@ PY
       PYTHONPATH=$ZOOPATH timeout "${SBS_TIMEOUT_S:-560}" python3 benchmarks/gpu_side_by_side.py run /tmp/sbs "$OUT/side_by_side.json" \
         --precisions "${SBS_PRECISIONS:-bf16}" --modes "${SBS_MODES:-eager,reduce-overhead,max-autotune}" \
         --budget-s "${SBS_BUDGET_S:-420}" 2>&1 | grep -v Warn | tee -a "$OUT/sbs_run.log" | cut -c1-220 ;;
+    tune)  # benchmarks/tune_table.py over TUNE_MODELS x TUNE_PRECISIONS; the table it writes comes back in $OUT
+      PYTHONPATH=$ZOOPATH AOTC_CACHE_DIR=/tmp/tune-cache timeout "${TUNE_TIMEOUT_S:-500}" python3 benchmarks/tune_table.py \
+        "$OUT/tune_table.json" --write-table --models="${TUNE_MODELS:-mlp,gpt2,bert,vit,resnet50,llama,mm4096,attn,ln8192}" \
+        --precisions="${TUNE_PRECISIONS:-bf16}" 2>&1 | grep -v Warn | tee "$OUT/tune_table.log" | tail -60
+      cp aot/codegen/triton/tables/sm_90.json "$OUT/" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
