@@ -320,7 +320,9 @@ def measure_isolated(
             key, cfg = running
             skip.setdefault(key, set()).add(cfg)
             why = next((ln for ln in reversed(err.splitlines()) if ln.strip()), "no message")
-            note(f"aotc build --tune: candidate {cfg} crashed the timing process ({why.strip()[:160]}); skipped")
+            shape = next((j.shape.key for j in todo if j.key == key), key)
+            note(f"aotc build --tune: candidate {cfg} of {shape} ({key[:12]}) crashed the timing process "
+                 f"({why.strip()[:160]}); skipped")  # fmt: skip
 
 
 def _spawn_worker(work: Path) -> subprocess.Popen[str]:

@@ -98,7 +98,7 @@ def test_committed_tables_parse() -> None:
         assert doc["sm"] == sm
         configs.table.cache_clear()
         for key, c in configs.table(sm).items():
-            assert key.startswith(("matmul:", "conv:")) and c.num_warps in (2, 4, 8)
+            assert key.startswith(("matmul:", "conv:", "attention", "reduce:")) and c.num_warps in (1, 2, 4, 8, 16, 32)
 
 
 def test_config_is_visible_in_the_source() -> None:
@@ -118,12 +118,12 @@ def test_attention_and_big_reductions_are_tunable() -> None:
     among them, and only reductions over a million elements or more are timed."""
     att = Shape("attention_causal", "f16", 1024, 1024, 64, 96)
     cands = candidates(att, 90)
-    assert cands[0] == heuristic(att, 90) == Config(128, 64, 64, 4, 3) and len(cands) >= 5
+    assert cands[0] == heuristic(att, 90) == Config(64, 64, 64, 4, 3) and len(cands) >= 5
     assert all(c.block_n <= c.block_m for c in cands)
     short = candidates(Shape("attention", "f16", 20, 20, 64, 8), 90)
     assert all(c.block_m <= 32 and c.block_n <= 32 for c in short)
     red = Shape("reduce", "f32", 8192, 8192, 1)
-    assert heuristic(red, 90) == Config(1, 8192, 1, 16, 1) and len(candidates(red, 90)) >= 4
+    assert heuristic(red, 90) == Config(1, 8192, 1, 8, 1) and len(candidates(red, 90)) >= 4
     sm = programs.softmax().prog
     assert not tg.tunable(sm, sm.kernels[0])  # a small reduction: launch-bound, not worth timing
 
