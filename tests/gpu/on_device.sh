@@ -10,7 +10,8 @@
 # bench:     benchmarks/gpu_examples.py, aotc with and without CUDA graphs, and eager torch.
 # cases:     builds the shared kernel cases (tests/gpu/programs.py GPU_CASES) here with the GPU hidden, then runs
 #            them (tests/gpu/test_cuda_cases.py): every template checked on the GPU in about two minutes.
-# sbs-build, sbs-run: benchmarks/gpu_side_by_side.py (SBS_PRECISIONS, SBS_MODES, SBS_BUDGET_S, SBS_TUNE=1).
+# sbs-build, sbs-run: benchmarks/gpu_side_by_side.py (SBS_MODELS, SBS_PRECISIONS, SBS_MODES, SBS_BUDGET_S, SBS_DIR,
+#            SBS_JOBS, SBS_TUNE=1: tune on this GPU, which the build then sees).
 # tune:      benchmarks/tune_table.py --write-table (TUNE_MODELS, TUNE_PRECISIONS); sm_90.json comes back in $OUT.
 # .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
 set -uo pipefail
@@ -96,10 +97,11 @@ PY
       AOTC_GPU_ARTIFACTS=/tmp/cases AOTC_GPU_RESULTS="$OUT/cases.jsonl" timeout 300 python3 -m pytest -q -p no:cacheprovider \
         --confcutdir tests/gpu tests/gpu/test_cuda_cases.py tests/gpu/test_torch_interop.py 2>&1 | tee "$OUT/pytest_cases.log" | tail -15 ;;
     sbs-build)
-      PYTHONPATH=$ZOOPATH python3 benchmarks/gpu_side_by_side.py build /tmp/sbs --precisions "${SBS_PRECISIONS:-bf16}" \
-        --jobs 12 $([ "${SBS_TUNE:-0}" = 1 ] && echo --tune) 2>&1 | grep -v Warn | tee -a "$OUT/sbs_build.log" | grep -E "built|FAIL|all" ;;
+      PYTHONPATH=$ZOOPATH python3 benchmarks/gpu_side_by_side.py build "${SBS_DIR:-/tmp/sbs}" --precisions "${SBS_PRECISIONS:-bf16}" \
+        ${SBS_MODELS:+--models "$SBS_MODELS"} --jobs "${SBS_JOBS:-12}" $([ "${SBS_TUNE:-0}" = 1 ] && echo --tune) 2>&1 | grep -v Warn | tee -a "$OUT/sbs_build.log" | grep -E "built|FAIL|all" ;;
     sbs-run)
-      PYTHONPATH=$ZOOPATH timeout "${SBS_TIMEOUT_S:-560}" python3 benchmarks/gpu_side_by_side.py run /tmp/sbs "$OUT/side_by_side.json" \
+      PYTHONPATH=$ZOOPATH timeout "${SBS_TIMEOUT_S:-560}" python3 benchmarks/gpu_side_by_side.py run "${SBS_DIR:-/tmp/sbs}" "$OUT/side_by_side.json" \
+        ${SBS_MODELS:+--models "$SBS_MODELS"} \
         --precisions "${SBS_PRECISIONS:-bf16}" --modes "${SBS_MODES:-eager,reduce-overhead,max-autotune}" \
         --budget-s "${SBS_BUDGET_S:-420}" 2>&1 | grep -v Warn | tee -a "$OUT/sbs_run.log" | cut -c1-220 ;;
     tune)  # benchmarks/tune_table.py over TUNE_MODELS x TUNE_PRECISIONS; the table it writes comes back in $OUT
