@@ -88,7 +88,7 @@ def jobs(prog: K.Program, sm: int, options: BuildOptions, index_i64: bool, sm_co
             by_key[key] = replace(j, names=(*j.names, k.name))
             continue
         cands = tuple((c, tg.generate(prog, kn, options, sm, index_i64, c)) for c in candidates(s, sm))
-        used = sorted({str(p.source[1]) for _, tk in cands[:1] for p in tk.params if p.source[0] == "buffer"})
+        used = sorted({str(p.source[1]) for _, tk in cands for p in tk.params if p.source[0] == "buffer"})
         bufs = tuple((b, prog.buffer(b).dtype.value, example(prog, prog.buffer(b).nbytes())) for b in used)
         by_key[key] = Job(key, s, (k.name,), choose(s, sm)[0], cands, bufs, env)
     return [by_key[k] for k in sorted(by_key)]
@@ -111,12 +111,18 @@ def compile_all(
 
 class Bench:
     """Launches candidates on one device with the runtime's launcher; device buffers are allocated once per
-    buffer name, filled with small random values (zeros for integer buffers: they index other buffers)."""
+    (buffer name, type, size), filled with small random values (zeros for integer buffers: they index other
+    buffers).
+
+    Note: keyed by size, not by name alone. benchmarks/tune_table.py times the jobs of many programs in one
+    Bench, and programs reuse names (``x``, ``buf67``) at other sizes: a job handed an earlier program's smaller
+    buffer of the same name reads and writes past its end (ResNet-50's 1x1 conv writing 12.8 MB into ViT's
+    2.4 MB ``buf67`` was CUDA_ERROR_ILLEGAL_ADDRESS on the H200; smaller overruns corrupted other buffers silently)."""
 
     def __init__(self, drv: Any, dev: Any, warmup: int = 3, budget_ms: float = 4.0, rounds: int = 3) -> None:
         drv.context(dev)
         self.drv, self.dev, self.warmup, self.budget_ms, self.rounds = drv, dev, warmup, budget_ms, rounds
-        self.ptrs: dict[str, int] = {}
+        self.ptrs: dict[tuple[str, str, int], int] = {}
         self.warm = False
         p = drv.ffi.new("CUstream *")
         drv.check(drv.lib.cuStreamCreate(p, 1), "cuStreamCreate")
@@ -124,16 +130,17 @@ class Bench:
         self.rng = np.random.default_rng(0)
 
     def buffer(self, name: str, dtype: str, nbytes: int) -> int:
-        if name not in self.ptrs:
+        key = (name, dtype, nbytes)
+        if key not in self.ptrs:
             ptr = self.drv.alloc(nbytes, f"tuning buffer {name}")
-            self.ptrs[name] = ptr
+            self.ptrs[key] = ptr
             np_dt = schema.numpy_dtype(dtype)
             n = nbytes // np_dt.itemsize
             block = self.rng.uniform(-1, 1, min(n, 1 << 18)) if np_dt.kind == "f" else np.zeros(min(n, 1 << 18))
             host = np.resize(block.astype(np_dt), n)
             if host.nbytes:
                 self.drv.check(self.drv.lib.cuMemcpyHtoD_v2(ptr, self.drv.ffi.from_buffer(host), host.nbytes), "cuMemcpyHtoD")
-        return self.ptrs[name]
+        return self.ptrs[key]
 
     def time(self, job: Job, tk: tg.TritonKernel, c: Compiled) -> float:
         """Milliseconds per launch of ``tk`` (compiled as ``c``): the best of a few rounds of repeated launches."""
@@ -168,7 +175,9 @@ class Bench:
             number.update({"global_scratch": len(refs), "profile_scratch": len(refs) + 1})
             call = pack(drv, fn[0], k, launch, (grid[0] * k.num_ctas, grid[1], grid[2]), env, number)
             sizes = {b: (dt, n) for b, dt, n in job.buffers}
-            ptrs = [self.buffer(b, *sizes[b]) if b in sizes else 0 for b in refs]
+            if missing := [b for b in refs if b not in sizes]:  # a null pointer would fault on the device
+                raise CompileError(f"buffers {', '.join(missing)} have no size to tune with")
+            ptrs = [self.buffer(b, *sizes[b]) for b in refs]
             total = grid[0] * grid[1] * grid[2] * k.num_ctas
             scratch = self.drv.alloc(total * c.global_scratch_size + 256, "scratch") if c.global_scratch_size else 0
             try:

@@ -193,6 +193,49 @@ def test_a_candidate_that_crashes_the_timing_process_is_skipped(tmp_path: Path, 
     assert len(lines) == 1 and str(TWO[0]) in lines[0] and "ILLEGAL_ADDRESS" in lines[0]
 
 
+def test_like_named_buffers_of_other_programs_are_not_shared(fake: FakeLib, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune_table.py times many models' jobs in one Bench, and programs reuse buffer names at other sizes: a
+    job must get buffers of its own sizes, not an earlier program's smaller one of the same name (on the H200,
+    ResNet-50's 1x1 conv wrote its 12.8 MB output into ViT's 2.4 MB ``buf67``: CUDA_ERROR_ILLEGAL_ADDRESS)."""
+    from aotc_build.cubin import Compiled, sig_kind
+
+    monkeypatch.setattr(tune, "candidates", lambda s, sm: TWO[:1])
+    opts = BuildOptions(targets=(SM90,), precision="bf16", tune=True)
+    progs = [programs._linear("lin", DType.bf16, "bf16", tol=1e-2, kd=kd).prog for kd in (32, 512)]
+    js = [tune.jobs(p, 90, opts, False, 132, "Fake GPU")[0] for p in progs]
+    assert [b for b, _, _ in js[0].buffers] == [b for b, _, _ in js[1].buffers]  # same names: x, w, b, y
+    assert {b: n for b, _, n in js[0].buffers} != {b: n for b, _, n in js[1].buffers}
+    compiled = tune.compile_all(js, 90, tmp_path, True)
+    found = tune.find_device(90, fake.drv)  # type: ignore[attr-defined]
+    assert not isinstance(found, str)
+    bench = tune.Bench(*found)
+    short: set[str] = set()
+    try:
+        for j in js:
+            c, tk = j.candidates[0]
+            cc = compiled[(j.key, c)]
+            assert isinstance(cc, Compiled)
+            fake.params[tune.NAME] = [p.kind for p in cc.kernel("t", None, [sig_kind(p.sig) for p in tk.params]).params]
+            need = {b: n for b, _, n in j.buffers}
+
+            def check(launch: Any, tk: tg.TritonKernel = tk, need: dict[str, int] = need) -> None:
+                for p, ptr in zip(tk.params, launch.args, strict=False):
+                    if p.source[0] == "buffer":
+                        end = next(a.ctypes.data + a.nbytes for a in fake.mem.values() if a.ctypes.data <= ptr < a.ctypes.data + a.nbytes)
+                        if end - ptr < need[str(p.source[1])]:
+                            short.add(f"{p.source[1]}: {end - ptr} bytes, needs {need[str(p.source[1])]}")
+
+            fake.on_launch = check
+            assert tune.bench_job(bench, j, compiled) is not None
+        assert short == set()
+        lines: list[str] = []  # a buffer the job did not size fails its candidate (it was a null pointer)
+        unsized = replace(js[0], buffers=js[0].buffers[1:])
+        assert tune.bench_job(bench, unsized, compiled, report=lambda m: lines.append(str(m))) is None
+        assert lines == [f"{{'start': '{TWO[0]}'}}"]
+    finally:
+        bench.close()
+
+
 def test_cache_key_depends_on_kernel_shape_and_sm() -> None:
     prog = programs.linear_relu_bf16().prog
     opts = BuildOptions(precision="bf16")
