@@ -81,7 +81,7 @@ def collect(name: str, precision: str, sm: int, sms: int, device: str) -> tuple[
 
         model, inputs = _module(name)
         cap = capture_module(model, inputs, None, precision=precision, name=name)
-        _, plan, _ = compile_graph(cap)
+        _, plan, _ = compile_graph(cap, channels_last=True)  # NHWC activations, as a CUDA target's build has them
         opts = BuildOptions(targets=(Target("cuda", f"sm_{sm}"),), precision=precision, selftest=False)
         split = split_k(plan, sm, opts)  # the kernels as the CUDA target builds them
         plan = plan_memory(split) if split is not plan else plan
