@@ -10,9 +10,9 @@
 //                          vectors. An implicit GEMM (M = output pixels, N = output channels): over
 //                          channels-last input (channel stride 1) the micro-kernel reads the input in
 //                          place through one pointer per (pixel, tap) -- an indirection buffer, XNNPACK's
-//                          scheme; padding taps point at a row of zeros, and a 1x1 conv is a plain matmul --
-//                          otherwise (the NCHW graph input of a stem conv) each MR-pixel strip is unfolded
-//                          into the matmul's A layout, never more than one block of MB pixels.
+//                          scheme; padding taps point at a row of zeros, and a 1x1 conv is a plain matmul;
+//                          no im2col at all. Other input layouts (the NCHW graph input of a stem conv) are
+//                          copied to NHWC once per call first.
 //   aotc_conv2d_dw<T>      depthwise over channels-last input, weight [kh][kw][C]: a direct loop vectorised
 //                          along the channels.
 //   The last two hand the epilogue channels-last tiles:  epi(n, p0, pb, oc0, ocb, tile, ldt)  with
@@ -208,9 +208,30 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   constexpr int NR = NV * L, MR = AOTC_MM_MR;
   static_assert(AOTC_CONV_MB % MR == 0, "AOTC_CONV_MB must be a multiple of MR");
   if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
-  const int64_t P = s.OH * s.OW, taps = s.KH * s.KW, K = taps * s.C;
-  const bool direct = xs.s1 == 1 && std::is_same<SX, T>::value;  // reads x in place
-  const double flops = 2.0 * (double)s.N * (double)P * (double)s.O * (double)(K > 0 ? K : 1);
+  if (xs.s1 != 1 || !std::is_same<SX, T>::value) {
+    // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC, then read it in place.
+    const int64_t chw = s.C * s.H * s.W;
+    T* xt = static_cast<T*>(aligned_alloc(64, (size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
+    if (xt == NULL) throw std::bad_alloc();
+    const bool par = !omp_in_parallel() && s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
+#pragma omp parallel for collapse(2) schedule(static) if (par)
+    for (int64_t n = 0; n < s.N; ++n)
+      for (int64_t h = 0; h < s.H; ++h)
+        for (int64_t w = 0; w < s.W; ++w)
+          for (int64_t c = 0; c < s.C; ++c)
+            xt[n * chw + (h * s.W + w) * s.C + c] =
+                (T)aotc_elem<SX>::load(x, xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2 + w * xs.s3);
+    try {
+      aotc_conv2d_packed<T, NV>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
+    } catch (...) {
+      free(xt);
+      throw;
+    }
+    free(xt);
+    return;
+  }
+  const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
+  const double flops = 2.0 * (double)s.N * (double)P * (double)s.O * (double)(taps * s.C > 0 ? taps * s.C : 1);
   const int64_t most = omp_get_max_threads();
   const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
   // Blocks: MB pixels x NB channels, narrowed (pixels first: each block re-reads the weight panel from
@@ -219,10 +240,12 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   auto ntasks = [&]() { return s.N * ((P + MB - 1) / MB) * ((s.O + NB - 1) / NB); };
   while (MB > 2 * MR && ntasks() < want) MB = aotc_roundup(MB / 2, MR);
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
+  const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
+                    xs.s2 == s.W * xs.s3;
   const int64_t pblocks = (P + MB - 1) / MB, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
   const int nthreads = omp_in_parallel() ? 1 : aotc_mm_threads(flops, tasks);
-  // per thread: the tile, then the indirection pointers (direct) or the unfolded A block
-  const int64_t a_elems = direct ? aotc_roundup(MB * taps * (int64_t)sizeof(void*), 64) / (int64_t)sizeof(T) : MB * K;
+  // per thread: the tile, then the indirection pointers
+  const int64_t a_elems = aotc_roundup(MB * taps * (int64_t)sizeof(void*), 64) / (int64_t)sizeof(T);
   const int64_t per = aotc_roundup(MB * NB + a_elems, 64 / (int64_t)sizeof(T));
   T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
   T* zero = static_cast<T*>(calloc((size_t)(s.C > 0 ? s.C : 1), sizeof(T)));
@@ -239,32 +262,27 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
     const int64_t p0 = pi * MB, pb = aotc_mm_min(P - p0, MB), o0 = oi * NB, ob = aotc_mm_min(s.O - o0, NB);
     const int64_t strips = (pb + MR - 1) / MR, nbp = aotc_roundup(ob, NR);
     const int64_t xn = xs.off + n * xs.s0;
-    // A for this block: per strip and tap, MR row pointers (direct), or the strip unfolded as [K][MR]
-    for (int64_t i = 0; i < strips * MR; ++i) {
-      const int64_t p = p0 + i, si = i / MR, r = i % MR;
-      const int64_t oh = p / s.OW, ow = p % s.OW;
-      for (int64_t kh = 0; kh < s.KH; ++kh)
-        for (int64_t kw = 0; kw < s.KW; ++kw) {
-          const int64_t t = kh * s.KW + kw, ih = oh * s.sh - s.ph + kh * s.dh, iw = ow * s.sw - s.pw + kw * s.dw;
-          const bool in = p < p0 + pb && ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
-          const int64_t at = xn + ih * xs.s2 + iw * xs.s3;
-          if (direct) {
-            reinterpret_cast<const T**>(abuf)[(si * taps + t) * MR + r] = in ? (const T*)(const void*)(x + at) : zero;
-          } else {
-            T* d = abuf + si * MR * K + t * s.C * MR + r;
-            for (int64_t c = 0; c < s.C; ++c) d[c * MR] = in ? (T)aotc_elem<SX>::load(x, at + c * xs.s1) : T(0);
+    // A for this block: per strip and tap, MR pointers to the input pixel's channels (or to zeros)
+    const T** ind = reinterpret_cast<const T**>(abuf);
+    if (rows) {  // 1x1, stride 1, unpadded over rows of pixels: pixel p is row p of a [P][C] matrix
+      for (int64_t i = 0; i < strips * MR; ++i) ind[i] = i < pb ? (const T*)(const void*)(x + xn + (p0 + i) * xs.s3) : zero;
+    } else {
+      for (int64_t i = 0; i < strips * MR; ++i) {
+        const int64_t p = p0 + i, si = i / MR, r = i % MR;
+        const int64_t oh = p / s.OW, ow = p % s.OW;
+        for (int64_t kh = 0; kh < s.KH; ++kh)
+          for (int64_t kw = 0; kw < s.KW; ++kw) {
+            const int64_t ih = oh * s.sh - s.ph + kh * s.dh, iw = ow * s.sw - s.pw + kw * s.dw;
+            const bool in = p < p0 + pb && ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+            const T* at = (const T*)(const void*)(x + xn + ih * xs.s2 + iw * xs.s3);
+            ind[(si * taps + kh * s.KW + kw) * MR + r] = in ? at : zero;
           }
-        }
+      }
     }
     for (int64_t js = 0; js < nbp; js += NR) {
-      const T* bp = wp + ((o0 + js) / NR) * K * NR;
-      for (int64_t si = 0; si < strips; ++si) {
-        T* c = tile + si * MR * nbp + js;
-        if (direct)
-          aotc_conv_micro<T, MR, NV>(taps, s.C, reinterpret_cast<const T* const*>(abuf) + si * taps * MR, bp, c, nbp);
-        else
-          aotc_mm_micro<T, MR, MR, NV>(K, abuf + si * MR * K, bp, c, nbp, false);
-      }
+      const T* bp = wp + ((o0 + js) / NR) * taps * s.C * NR;
+      for (int64_t si = 0; si < strips; ++si)
+        aotc_conv_micro<T, MR, NV>(taps, s.C, ind + si * taps * MR, bp, tile + si * MR * nbp + js, nbp);
     }
     epi(n, p0, pb, o0, ob, (const T*)tile, nbp);
   }
