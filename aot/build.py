@@ -174,10 +174,9 @@ def build_captured(
 ) -> BuildReport:
     cache_dir = cache_dir or default_cache_dir()
     seconds = {} if seconds is None else seconds
-    # Note: one program serves every target. NHWC activations are what the GPU's conv kernels want; the C++
-    # convs read any strides but are fastest over NCHW, so a CPU-only build keeps NCHW.
-    channels_last = any(t.kind == "cuda" for t in options.targets)
-    graph, prog, fusion_log = compile_graph(cap, seconds, channels_last)
+    # Note: one program serves every target. NHWC activations between convs are what the GPU's conv kernels
+    # and the C++ channels-last convs (cpp_templates/conv.h) both want.
+    graph, prog, fusion_log = compile_graph(cap, seconds, channels_last=True)
     for line in fusion_log:
         log.info("fusion: %s", line)
 

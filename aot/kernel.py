@@ -248,6 +248,9 @@ class Conv(_Facts):
     dilation: tuple[int, int]
     groups: int
     stores: tuple[Store, ...]
+    # CPU targets only (codegen/cpp_pack.py): ``w`` is the weight packed at build time into panels
+    # [ceil(c_out / NR)][kh * kw * c_in][NR] of fp32 (k = (kh * KW + kw) * c_in + c), ``w.strides`` (NR, 1, 0, 0).
+    packed: bool = False
 
 
 @dataclass(frozen=True)

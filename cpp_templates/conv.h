@@ -1,22 +1,32 @@
-// 2-D convolution, NCHW input and OIHW weight (any strides), with stride, padding, dilation and groups,
-// and a fused epilogue:  epi(n, oc0, ocb, p0, pb, tile, ldt)  with Acc(n, oc, p) =
-// tile[(oc - oc0) * ldt + (p - p0)], where p = oh * OW + ow is the flattened output position.
+// 2-D convolution with stride, padding, dilation and groups, and a fused epilogue. Three entry points:
 //
-// Two paths:
-//   - one input channel per group (depthwise, and plain convs over a single channel): a direct loop per
-//     (image, output channel) plane, vectorised along the output row;
-//   - everything else: the weight is packed once per call into [O][C/G * KH * KW] (converted to T), and
-//     per image the input is unfolded (im2col) into [G][C/G * KH * KW][OH * OW] -- skipped for 1x1,
-//     stride-1, unpadded convs over rows-contiguous inputs, which are a plain matmul already -- and
-//     multiplied with aotc_matmul (batch = groups).
-// The epilogue runs inside OpenMP regions and must not throw.
+//   aotc_conv2d<T>         any layout (input strides n, c, h, w; weight strides o, i, kh, kw); the weight is
+//                          converted per call. Epilogue  epi(n, oc0, ocb, p0, pb, tile, ldt)  with
+//                          Acc(n, oc, p) = tile[(oc - oc0) * ldt + (p - p0)], p = oh * OW + ow.
+//                          One input channel per group: a direct loop per (image, output channel) plane;
+//                          otherwise im2col per image and aotc_matmul (batch = groups).
+//   aotc_conv2d_packed<T, NV>  groups == 1 with the weight packed at build time (aot/codegen/cpp_pack.py)
+//                          into panels [ceil(O / NR)][KH * KW * C][NR], k = (kh * KW + kw) * C + c, NR = NV
+//                          vectors. An implicit GEMM (M = output pixels, N = output channels): over
+//                          channels-last input (channel stride 1) the micro-kernel reads the input in
+//                          place through one pointer per (pixel, tap) -- an indirection buffer, XNNPACK's
+//                          scheme; padding taps point at a row of zeros, and a 1x1 conv is a plain matmul;
+//                          no im2col at all. Other input layouts (the NCHW graph input of a stem conv) are
+//                          copied to NHWC once per call first.
+//   aotc_conv2d_dw<T>      depthwise over channels-last input, weight [kh][kw][C]: a direct loop vectorised
+//                          along the channels.
+//   The last two hand the epilogue channels-last tiles:  epi(n, p0, pb, oc0, ocb, tile, ldt)  with
+//   Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)].
+// Epilogues run inside OpenMP regions and must not throw.
 #ifndef AOTC_CONV_H
 #define AOTC_CONV_H
 
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include "matmul.h"
@@ -148,6 +158,200 @@ void aotc_conv2d(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, co
   }
 }
 
+// ---- channels-last kernels ---------------------------------------------------------------------------
+
+#ifndef AOTC_CONV_MB
+#define AOTC_CONV_MB 96  // output pixels per task at most (a multiple of every MR)
+#endif
+
+// R x (NV vectors) block of an implicit GEMM: c[i][:] = sum over taps t and channels k of
+// ind[t * MR + i][k] * bp[(t * C + k) * NR + :], bp the packed weight panel.
+template <class T, int MR, int NV>
+static inline void aotc_conv_micro(int64_t taps, int64_t C, const T* const* ind, const T* __restrict bp, T* c,
+                                   int64_t ldc) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L;
+  V acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+  for (int64_t t = 0; t < taps; ++t) {
+    const T* a[MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) a[i] = ind[t * MR + i];
+    const T* b = bp + t * C * NR;
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < C; ++k) {
+      V bv[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) memcpy(&bv[j], b + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const V av = aotc_vset1(a[i][k]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+}
+
+template <class T, int NV, class SX, class Epi>
+void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, const T* wp, Epi epi) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L, MR = AOTC_MM_MR;
+  static_assert(AOTC_CONV_MB % MR == 0, "AOTC_CONV_MB must be a multiple of MR");
+  if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
+  if (xs.s1 != 1 || !std::is_same<SX, T>::value) {
+    // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC, then read it in place.
+    const int64_t chw = s.C * s.H * s.W;
+    T* xt = static_cast<T*>(aligned_alloc(64, (size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
+    if (xt == NULL) throw std::bad_alloc();
+    const bool par = !omp_in_parallel() && s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
+#pragma omp parallel for collapse(2) schedule(static) if (par)
+    for (int64_t n = 0; n < s.N; ++n)
+      for (int64_t h = 0; h < s.H; ++h)
+        for (int64_t w = 0; w < s.W; ++w)
+          for (int64_t c = 0; c < s.C; ++c)
+            xt[n * chw + (h * s.W + w) * s.C + c] =
+                (T)aotc_elem<SX>::load(x, xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2 + w * xs.s3);
+    try {
+      aotc_conv2d_packed<T, NV>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
+    } catch (...) {
+      free(xt);
+      throw;
+    }
+    free(xt);
+    return;
+  }
+  const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
+  const double flops = 2.0 * (double)s.N * (double)P * (double)s.O * (double)(taps * s.C > 0 ? taps * s.C : 1);
+  const int64_t most = omp_get_max_threads();
+  const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
+  // Blocks: MB pixels x NB channels, narrowed (pixels first: each block re-reads the weight panel from
+  // cache, not from the input) until there are a few tasks per thread the work pays for.
+  int64_t MB = aotc_mm_min(aotc_roundup(P, MR), AOTC_CONV_MB), NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
+  auto ntasks = [&]() { return s.N * ((P + MB - 1) / MB) * ((s.O + NB - 1) / NB); };
+  while (MB > 2 * MR && ntasks() < want) MB = aotc_roundup(MB / 2, MR);
+  while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
+  const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
+                    xs.s2 == s.W * xs.s3;
+  const int64_t pblocks = (P + MB - 1) / MB, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
+  const int nthreads = omp_in_parallel() ? 1 : aotc_mm_threads(flops, tasks);
+  // per thread: the tile, then the indirection pointers
+  const int64_t a_elems = aotc_roundup(MB * taps * (int64_t)sizeof(void*), 64) / (int64_t)sizeof(T);
+  const int64_t per = aotc_roundup(MB * NB + a_elems, 64 / (int64_t)sizeof(T));
+  T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
+  T* zero = static_cast<T*>(calloc((size_t)(s.C > 0 ? s.C : 1), sizeof(T)));
+  if (ws_all == NULL || zero == NULL) {
+    free(ws_all);
+    free(zero);
+    throw std::bad_alloc();
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
+    T* abuf = tile + MB * NB;
+    const int64_t n = task / (pblocks * oblocks), pi = task / oblocks % pblocks, oi = task % oblocks;
+    const int64_t p0 = pi * MB, pb = aotc_mm_min(P - p0, MB), o0 = oi * NB, ob = aotc_mm_min(s.O - o0, NB);
+    const int64_t strips = (pb + MR - 1) / MR, nbp = aotc_roundup(ob, NR);
+    const int64_t xn = xs.off + n * xs.s0;
+    // A for this block: per strip and tap, MR pointers to the input pixel's channels (or to zeros)
+    const T** ind = reinterpret_cast<const T**>(abuf);
+    if (rows) {  // 1x1, stride 1, unpadded over rows of pixels: pixel p is row p of a [P][C] matrix
+      for (int64_t i = 0; i < strips * MR; ++i) ind[i] = i < pb ? (const T*)(const void*)(x + xn + (p0 + i) * xs.s3) : zero;
+    } else {
+      for (int64_t i = 0; i < strips * MR; ++i) {
+        const int64_t p = p0 + i, si = i / MR, r = i % MR;
+        const int64_t oh = p / s.OW, ow = p % s.OW;
+        for (int64_t kh = 0; kh < s.KH; ++kh)
+          for (int64_t kw = 0; kw < s.KW; ++kw) {
+            const int64_t ih = oh * s.sh - s.ph + kh * s.dh, iw = ow * s.sw - s.pw + kw * s.dw;
+            const bool in = p < p0 + pb && ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+            const T* at = (const T*)(const void*)(x + xn + ih * xs.s2 + iw * xs.s3);
+            ind[(si * taps + kh * s.KW + kw) * MR + r] = in ? at : zero;
+          }
+      }
+    }
+    for (int64_t js = 0; js < nbp; js += NR) {
+      const T* bp = wp + ((o0 + js) / NR) * taps * s.C * NR;
+      for (int64_t si = 0; si < strips; ++si)
+        aotc_conv_micro<T, MR, NV>(taps, s.C, ind + si * taps * MR, bp, tile + si * MR * nbp + js, nbp);
+    }
+    epi(n, p0, pb, o0, ob, (const T*)tile, nbp);
+  }
+  free(zero);
+  free(ws_all);
+}
+
+#ifndef AOTC_CONV_DW_CB
+#define AOTC_CONV_DW_CB 256  // channels per depthwise task at most (a multiple of every vector width)
+#endif
+
+// Depthwise over channels-last x (channel stride 1), weight w[(kh * KW + kw) * C + c]: one task per (image,
+// output row, channel block), each output vector the sum of its valid taps in one register.
+template <class T, class Epi>
+void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* w, Epi epi) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
+  const int64_t C = s.C, taps = s.KH * s.KW;
+  const int64_t CB = aotc_mm_min(aotc_roundup(C, L), AOTC_CONV_DW_CB), cblocks = (C + CB - 1) / CB;
+  const int64_t tasks = s.N * s.OH * cblocks;
+  const double work = (double)s.N * (double)s.OH * (double)s.OW * (double)C * (double)taps;
+  const int nthreads = omp_in_parallel() ? 1 : aotc_mm_threads(2.0 * work, tasks);
+  const int64_t per = aotc_roundup(s.OW * CB, 64 / (int64_t)sizeof(T));  // a tile per thread, then tap offsets
+  const size_t bytes = (size_t)(per * nthreads) * sizeof(T) + (size_t)(2 * taps * nthreads) * sizeof(int64_t);
+  T* ws_all = static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64));
+  if (ws_all == NULL) throw std::bad_alloc();
+  int64_t* offs_all = reinterpret_cast<int64_t*>(ws_all + per * nthreads);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
+    int64_t* xoff = offs_all + (int64_t)omp_get_thread_num() * 2 * taps;
+    int64_t* woff = xoff + taps;
+    const int64_t n = task / (s.OH * cblocks), oh = task / cblocks % s.OH, c0 = task % cblocks * CB;
+    const int64_t cb = aotc_mm_min(C - c0, CB), cv = cb / L * L;
+    for (int64_t ow = 0; ow < s.OW; ++ow) {
+      int64_t nt = 0;  // the taps inside the input, as offsets into x and w
+      for (int64_t kh = 0; kh < s.KH; ++kh) {
+        const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+        if (ih < 0 || ih >= s.H) continue;
+        for (int64_t kw = 0; kw < s.KW; ++kw) {
+          const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+          if (iw < 0 || iw >= s.W) continue;
+          xoff[nt] = xs.off + n * xs.s0 + ih * xs.s2 + iw * xs.s3 + c0;
+          woff[nt++] = (kh * s.KW + kw) * C + c0;
+        }
+      }
+      T* row = tile + ow * CB;
+      for (int64_t c = 0; c < cv; c += L) {
+        V acc = V{};
+        for (int64_t t = 0; t < nt; ++t) {
+          V xv, wv;
+          memcpy(&xv, x + xoff[t] + c, sizeof(V));
+          memcpy(&wv, w + woff[t] + c, sizeof(V));
+          acc = aotc_vfma(xv, wv, acc);
+        }
+        memcpy(row + c, &acc, sizeof(V));
+      }
+      for (int64_t c = cv; c < cb; ++c) {
+        T acc = T(0);
+        for (int64_t t = 0; t < nt; ++t) acc = std::fma(x[xoff[t] + c], w[woff[t] + c], acc);
+        row[c] = acc;
+      }
+    }
+    epi(n, oh * s.OW, s.OW, c0, cb, (const T*)tile, CB);
+  }
+  free(ws_all);
+}
+
 #ifdef AOTC_SELFTEST_CONV
 // Checks both paths against a naive loop on small integer data (exact in fp32).
 static int aotc_conv_check(aotc_conv_shape s) {
@@ -181,11 +385,74 @@ static int aotc_conv_check(aotc_conv_shape s) {
   return fails;
 }
 
+// The channels-last kernels against the same naive loop: x stored NHWC, the weight packed as cpp_pack.py
+// packs it (groups == 1) or stored [kh][kw][C] (depthwise).
+template <int NV>
+static int aotc_conv_check_nhwc(aotc_conv_shape s, bool nchw_input) {
+  constexpr int NR = NV * AOTC_VBYTES / 4;
+  const int64_t cpg = s.C / s.G, P = s.OH * s.OW, taps = s.KH * s.KW;
+  std::vector<float> x(s.N * s.C * s.H * s.W), w(s.O * cpg * taps), y(s.N * s.O * P, -1.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 7) % 5) - 2.0f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = (float)((i * 3) % 7) - 3.0f;
+  // x[n][c][h][w] (logical) lives at n*CHW + (h*W + w)*C + c, or row-major NCHW
+  aotc_conv_strides xs = nchw_input ? aotc_conv_strides{0, s.C * s.H * s.W, s.H * s.W, s.W, 1}
+                                    : aotc_conv_strides{0, s.C * s.H * s.W, 1, s.W * s.C, s.C};
+  std::vector<float> xl(x.size());
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t c = 0; c < s.C; ++c)
+      for (int64_t h = 0; h < s.H; ++h)
+        for (int64_t ww = 0; ww < s.W; ++ww)
+          xl[n * xs.s0 + c * xs.s1 + h * xs.s2 + ww * xs.s3] = x[((n * s.C + c) * s.H + h) * s.W + ww];
+  auto epi = [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
+    for (int64_t p = p0; p < p0 + pb; ++p)
+      for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) y[(n * s.O + oc) * P + p] = t[(p - p0) * ldt + (oc - oc0)];
+  };
+  if (s.G == 1) {
+    const int64_t K = taps * s.C, panels = (s.O + NR - 1) / NR;
+    std::vector<float> wp(panels * K * NR, 0.0f);
+    for (int64_t o = 0; o < s.O; ++o)
+      for (int64_t c = 0; c < s.C; ++c)
+        for (int64_t t = 0; t < taps; ++t) wp[(o / NR * K + t * s.C + c) * NR + o % NR] = w[(o * s.C + c) * taps + t];
+    aotc_conv2d_packed<float, NV>(s, xl.data(), xs, wp.data(), epi);
+  } else {
+    std::vector<float> wd(w.size());
+    for (int64_t c = 0; c < s.C; ++c)
+      for (int64_t t = 0; t < taps; ++t) wd[t * s.C + c] = w[c * taps + t];
+    aotc_conv2d_dw<float>(s, xl.data(), xs, wd.data(), epi);
+  }
+  int fails = 0;
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t o = 0; o < s.O; ++o)
+      for (int64_t oh = 0; oh < s.OH; ++oh)
+        for (int64_t ow = 0; ow < s.OW; ++ow) {
+          float ref = 0;
+          const int64_t g = o / (s.O / s.G);
+          for (int64_t c = 0; c < cpg; ++c)
+            for (int64_t kh = 0; kh < s.KH; ++kh)
+              for (int64_t kw = 0; kw < s.KW; ++kw) {
+                const int64_t ih = oh * s.sh - s.ph + kh * s.dh, iw = ow * s.sw - s.pw + kw * s.dw;
+                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
+                ref += x[((n * s.C + g * cpg + c) * s.H + ih) * s.W + iw] * w[((o * cpg + c) * s.KH + kh) * s.KW + kw];
+              }
+          fails += y[((n * s.O + o) * s.OH + oh) * s.OW + ow] != ref;
+        }
+  return fails;
+}
+
 int main() {
   int fails = 0;
   fails += aotc_conv_check({2, 6, 9, 11, 4, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 2});  // grouped, strided, padded
   fails += aotc_conv_check({2, 4, 7, 7, 8, 3, 3, 3, 3, 1, 1, 0, 0, 2, 2, 4});   // depthwise x2, dilated
   fails += aotc_conv_check({1, 8, 5, 5, 3, 1, 1, 5, 5, 1, 1, 0, 0, 1, 1, 1});   // 1x1
+  for (int nchw = 0; nchw < 2; ++nchw) {
+    fails += aotc_conv_check_nhwc<1>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);  // strided, padded
+    fails += aotc_conv_check_nhwc<2>({2, 5, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<2>({1, 8, 5, 5, 3, 1, 1, 5, 5, 1, 1, 0, 0, 1, 1, 1}, nchw);    // 1x1
+    fails += aotc_conv_check_nhwc<1>({1, 7, 12, 10, 9, 3, 3, 4, 3, 3, 3, 2, 1, 2, 2, 1}, nchw);  // dilated
+  }
+  fails += aotc_conv_check_nhwc<1>({2, 37, 9, 11, 37, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 37}, false);  // depthwise
+  fails += aotc_conv_check_nhwc<1>({1, 24, 7, 7, 24, 3, 3, 7, 7, 1, 1, 1, 1, 1, 1, 24}, false);
+  fails += aotc_conv_check_nhwc<1>({1, 5, 7, 7, 5, 5, 5, 3, 3, 2, 2, 2, 2, 1, 1, 5}, false);
   return fails != 0;
 }
 #endif

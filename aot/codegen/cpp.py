@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, ExitStack
 import sympy
 
 from .. import kernel as K
-from ..ir import Op
+from ..ir import DType, Op
 from ..options import BuildOptions
 from ..symbolic import to_c
 from .cpp_values import ACC_DTYPE, HALF, STORAGE, Kctx, Values, acc_type, cast, operand_ptr, vtype
@@ -336,39 +336,39 @@ class KernelWriter:
 
     # -- conv --
 
+    def _conv_call(self, at: str) -> tuple[str, bool]:
+        """The conv template call up to its epilogue, and whether that epilogue gets channels-last tiles:
+        packed weights (cpp_pack.py) take the implicit GEMM, a depthwise conv over channels-last fp32 input
+        with its weight stored [kh][kw][C] (passes/layout.py) the direct kernel, anything else the NCHW one."""
+        k = self.k
+        assert isinstance(k, K.Conv)
+        x, wt = operand_ptr(self.ctx.bufs[k.x.buf], k.x.dtype), operand_ptr(self.ctx.bufs[k.w.buf], k.w.dtype)
+        if k.packed:
+            nr = to_c(k.w.strides[0])
+            self.w.line(f'static_assert({nr} * 4 % AOTC_VBYTES == 0, "conv weights packed for another vector width");')
+            return f"aotc_conv2d_packed<{at}, {nr} * 4 / AOTC_VBYTES>(aotc_s, {x}, aotc_xs, {wt}, ", True
+        if _depthwise_nhwc(k):
+            return f"aotc_conv2d_dw<{at}>(aotc_s, {x}, aotc_xs, {wt} + {to_c(k.w.offset)}, ", True
+        return f"aotc_conv2d<{at}>(aotc_s, {x}, aotc_xs, {wt}, aotc_ws, ", False
+
     def _conv(self) -> None:
         k = self.k
         assert isinstance(k, K.Conv)
         at = acc_type(k.x.dtype, k.w.dtype)
         self.ctx.acc_dtype = ACC_DTYPE[at]
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = k.kernel, k.stride, k.padding, k.dilation
-        shape = [
-            k.batch,
-            k.c_in,
-            k.height,
-            k.width,
-            k.c_out,
-            kh,
-            kw,
-            *k.out_hw,
-            sh,
-            sw,
-            ph,
-            pw,
-            dh,
-            dw,
-            k.groups,
-        ]
+        shape = [k.batch, k.c_in, k.height, k.width, k.c_out, kh, kw, *k.out_hw, sh, sw, ph, pw, dh, dw, k.groups]
         self.w.line(f"const aotc_conv_shape aotc_s = {{{', '.join(to_c(e) for e in shape)}}};")
         for name, op in (("xs", k.x), ("ws", k.w)):
             parts = ", ".join(to_c(e) for e in (op.offset, *op.strides))
-            self.w.line(f"const aotc_conv_strides aotc_{name} = {{{parts}}};")
+            self.w.line(f"[[maybe_unused]] const aotc_conv_strides aotc_{name} = {{{parts}}};")
         self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
-        x, wt = operand_ptr(self.ctx.bufs[k.x.buf], k.x.dtype), operand_ptr(self.ctx.bufs[k.w.buf], k.w.dtype)
-        head = (
-            f"aotc_conv2d<{at}>(aotc_s, {x}, aotc_xs, {wt}, aotc_ws, [&](int64_t i0, int64_t aotc_oc0, "
-            f"int64_t aotc_ocb, int64_t aotc_p0, int64_t aotc_pb, const {at}* aotc_tile, int64_t aotc_ldt)"
-        )
+        call, nhwc = self._conv_call(at)
+        if nhwc:  # Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]
+            args = "int64_t i0, int64_t aotc_p0, int64_t aotc_pb, int64_t aotc_oc0, int64_t aotc_ocb"
+        else:  # Acc(n, oc, p) = tile[(oc - oc0) * ldt + (p - p0)]
+            args = "int64_t i0, int64_t aotc_oc0, int64_t aotc_ocb, int64_t aotc_p0, int64_t aotc_pb"
+        head = f"{call}[&]({args}, const {at}* aotc_tile, int64_t aotc_ldt)"
 
         def tile() -> None:
             with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
@@ -382,9 +382,18 @@ class KernelWriter:
                     with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
                         self._epilogue()
 
+        def tile_nhwc() -> None:
+            with self.w.block("for (int64_t aotc_p = aotc_p0; aotc_p < aotc_p0 + aotc_pb; ++aotc_p)"):
+                self.w.line("[[maybe_unused]] const int64_t i2 = aotc_p / aotc_ow, i3 = aotc_p % aotc_ow;")
+                self.w.line(f"const {at}* aotc_row = aotc_tile + (aotc_p - aotc_p0) * aotc_ldt;")
+                self.ctx.acc = "aotc_row[i1 - aotc_oc0]"
+                self.w.line(self._omp("simd"))
+                with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
+                    self._epilogue()
+
         with self.w.block(head, "});"):
             self.w.line("const int64_t aotc_ow = aotc_s.OW;")
-            self._checked_epilogue(tile)
+            self._checked_epilogue(tile_nhwc if nhwc else tile)
         if self.k.has_gather:
             self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
 
@@ -459,6 +468,15 @@ class KernelWriter:
             self.ctx.prefix = f"static_cast<{vtype(k.dtype)}>(aotc_acc)"
             for st in k.stores:
                 self.vals.store(st)
+
+
+def _depthwise_nhwc(k: K.Conv) -> bool:
+    """A depthwise fp32 conv over channels-last input with its weight stored [kh][kw][C]."""
+    c = k.c_in
+    if not (k.groups == c == k.c_out and k.x.dtype is DType.f32 and k.w.dtype is DType.f32):
+        return False
+    xs, ws = [sympy.sympify(e) for e in k.x.strides], [sympy.sympify(e) for e in k.w.strides]
+    return xs[1] == 1 and ws[0] == 1 and ws[2] == k.kernel[1] * c and ws[3] == c
 
 
 # ---- the translation unit --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""Weights packed at build time for the CPU matmul micro-kernel (cpp_templates/matmul.h).
+"""Weights packed at build time for the CPU matmul micro-kernel (cpp_templates/matmul.h, conv.h).
 
 What it is: ``pack_plan`` (a pure rewrite of a Plan for one CPU level: every matmul whose B operand is a
-weight seen through a constant view reads a new packed weight instead) and ``pack_array`` (the packed
+weight seen through a constant view, and every fp32 conv with one group over a constant weight, reads a
+new packed weight instead) and ``pack_array`` (the packed
 values, computed from the weight's values by the builder, or by tests from random weights). The packed
 tensors go into the CPU target's own safetensors member; the library takes them after the manifest's
 weights, so loading them is a mmap like any weight, and no call repacks a panel.
@@ -10,7 +11,9 @@ with CPU targets only leaves out the original of a weight that only packed matmu
 
 Note: the panel is [ceil(N / NR)][K][NR] in fp32 (a bf16/f16 weight is widened once here rather than on
 every call), zero past N, with NR = AOTC_MM_NR_F32 of the level's vector width; the generated code
-static_asserts that its header agrees.
+static_asserts that its header agrees. A conv's weight is the B operand of an implicit GEMM, K = (kh, kw,
+c) and N = output channels, packed the same way with a panel of one vector when the conv has at most one
+vector of output channels (a ResNet stem's 16 channels would waste half of a two-vector panel), else two.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class Packing:
     k: int
     n: int
     nr: int
+    # a conv's k = (kh * KW + kw) * C + c walks several strides: (size, stride) pairs, outermost first,
+    # that replace ``sk`` when given
+    kdims: tuple[tuple[int, int], ...] = ()
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -63,33 +69,64 @@ def _packable(k: K.Kernel, weights: set[str]) -> tuple[int, int, int, int, int] 
     return offset, sk, sn, kk, n
 
 
+def conv_panel(k: K.Conv, level: str) -> int:
+    """The panel width of a packed conv weight: one vector, or two when there are more output channels."""
+    vec = PANEL[level] // 2
+    return vec if k.c_out <= vec else 2 * vec
+
+
+def _conv_packable(k: K.Kernel, weights: set[str]) -> tuple[int, int, tuple[tuple[int, int], ...]] | None:
+    """(offset, stride of o, k's (size, stride) dims) when ``k`` is an fp32 conv, one group, over a weight."""
+    if not isinstance(k, K.Conv) or k.packed or k.w.buf not in weights or k.groups != 1:
+        return None
+    if k.x.dtype is not DType.f32 or k.w.dtype is not DType.f32:
+        return None
+    got = [_int(e) for e in (k.w.offset, *k.w.strides)]
+    if any(v is None for v in got):
+        return None
+    off, so, si, sh, sw = (int(v) for v in got)  # type: ignore[arg-type]
+    return off, so, ((k.kernel[0], sh), (k.kernel[1], sw), (k.c_in, si))
+
+
 def pack_plan(plan: K.Plan, level: str) -> tuple[K.Plan, list[Packing]]:
     """``plan`` with weight matmuls reading packed weights (appended to its weights), and the packings."""
     nr = PANEL[level]
     names = {b.name for b in plan.weights}
     taken = {b.name for b in (*plan.inputs, *plan.outputs, *plan.weights, *plan.arena)}
     labels_taken = set(plan.labels.values())
-    found: dict[tuple[str, int, int, int, int, int], Packing] = {}
+    found: dict[tuple, Packing] = {}
     kernels: list[K.Kernel] = []
     labels = dict(plan.labels)
-    for k in plan.kernels:
-        view = _packable(k, names)
-        if view is None:
-            kernels.append(k)
-            continue
-        assert isinstance(k, K.Matmul)
-        key = (k.b.buf, *view)
+    def packing(key: tuple, proto: Packing) -> Packing:
+        """The packing ``key`` names, made from ``proto`` (all but its name) the first time."""
         if key not in found:
-            name, label, j = f"{k.b.buf}_packed", f"{plan.labels.get(k.b.buf, k.b.buf)}.packed{nr}", 1
+            source = proto.source
+            name, label, j = f"{source}_packed", f"{plan.labels.get(source, source)}.packed{proto.nr}", 1
             while name in taken or label in labels_taken:
-                name, label, j = f"{k.b.buf}_packed{j}", f"{plan.labels.get(k.b.buf, k.b.buf)}.packed{nr}.{j}", j + 1
+                name, label, j = f"{source}_packed{j}", f"{plan.labels.get(source, source)}.packed{proto.nr}.{j}", j + 1
             taken.add(name)
             labels_taken.add(label)
             labels[name] = label
-            found[key] = Packing(name, k.b.buf, *view, nr)
-        p = found[key]
-        b = K.Strided(p.name, sympy.Integer(0), (sympy.Integer(nr), sympy.Integer(1)), DType.f32)
-        kernels.append(replace(k, b=b, packed=True))
+            found[key] = replace(proto, name=name)
+        return found[key]
+
+    for k in plan.kernels:
+        view = _packable(k, names)
+        cview = _conv_packable(k, names)
+        if isinstance(k, K.Matmul) and view is not None:
+            p = packing((k.b.buf, *view, nr), Packing("", k.b.buf, *view, nr))
+            b = K.Strided(p.name, sympy.Integer(0), (sympy.Integer(nr), sympy.Integer(1)), DType.f32)
+            kernels.append(replace(k, b=b, packed=True))
+        elif isinstance(k, K.Conv) and cview is not None:
+            cnr = conv_panel(k, level)
+            off, so, kdims = cview
+            kk = k.kernel[0] * k.kernel[1] * k.c_in
+            p = packing((k.w.buf, off, so, kdims, k.c_out, cnr), Packing("", k.w.buf, off, 0, so, kk, k.c_out, cnr, kdims))
+            zero = sympy.Integer(0)
+            w = K.Strided(p.name, zero, (sympy.Integer(cnr), sympy.Integer(1), zero, zero), DType.f32)
+            kernels.append(replace(k, w=w, packed=True))
+        else:
+            kernels.append(k)
     if not found:
         return plan, []
     packs = list(found.values())
@@ -101,7 +138,13 @@ def pack_plan(plan: K.Plan, level: str) -> tuple[K.Plan, list[Packing]]:
 def pack_array(p: Packing, weight: np.ndarray) -> np.ndarray:
     """The packed values of ``p`` from its source weight's values (any float dtype, C-contiguous)."""
     flat = np.ascontiguousarray(weight).reshape(-1).astype(np.float32)
-    idx = p.offset + np.arange(p.k)[:, None] * p.sk + np.arange(p.n)[None, :] * p.sn
+    kidx = np.arange(p.k) * p.sk
+    if p.kdims:  # k walks (size, stride) dims, outermost first
+        kidx = np.zeros(1, np.int64)
+        for size, stride in p.kdims:
+            kidx = (kidx[:, None] + np.arange(size)[None, :] * stride).reshape(-1)
+        assert kidx.size == p.k
+    idx = p.offset + kidx[:, None] + np.arange(p.n)[None, :] * p.sn
     if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
         raise ValueError(f"packing {p.source}: the matmul's view reaches outside the weight")
     b = flat[idx]  # [K, N]

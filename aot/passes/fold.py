@@ -23,6 +23,24 @@ def fresh_name(name: str, weights: dict[str, np.ndarray]) -> str:
     return name
 
 
+def _static(n: Node) -> bool:
+    return all(isinstance(d, int) for d in n.shape)
+
+
+def _literal(n: Node) -> bool:
+    """A scalar fill seen through views (``expand(reshape(full eps))``, how a literal operand of an
+    elementwise op is spelled): cheap to evaluate, never stored as a weight on its own."""
+    while n.op in (Op.EXPAND, Op.RESHAPE) and _static(n):
+        n = n.inputs[0]
+    return n.op is Op.FULL and _static(n)
+
+
+def _literal_value(n: Node, g: Graph) -> np.ndarray:
+    if n.op is Op.FULL:
+        return eval_node(n, [], {}, g)
+    return eval_node(n, [_literal_value(n.inputs[0], g)], {}, g)
+
+
 def fold_constants(g: Graph) -> Graph:
     """Replace every node computed only from weights and literals by a new weight (BN scales,
     transposed weights, casts of weights)."""
@@ -32,15 +50,15 @@ def fold_constants(g: Graph) -> Graph:
     def fold(n: Node, _old: Node) -> Node | None:
         foldable = (
             n.op not in _NO_FOLD
-            and all(isinstance(d, int) for d in n.shape)
+            and _static(n)
             and (n.inputs or n.op in (Op.FULL, Op.ARANGE))
-            and all(i in consts or (i.op is Op.FULL and all(isinstance(d, int) for d in i.shape)) for i in n.inputs)
+            and all(i in consts or _literal(i) for i in n.inputs)
             and any(i in consts for i in n.inputs)
             and n.op not in Family.LIBRARY
         )
         if not foldable:
             return None
-        vals = [consts[i] if i in consts else eval_node(i, [], {}, g) for i in n.inputs]
+        vals = [consts[i] if i in consts else _literal_value(i, g) for i in n.inputs]
         limit = max(v.size for v in vals) * MAX_GROWTH
         out = eval_node(n, vals, {}, g)
         if out.size > max(limit, 1):

@@ -1,0 +1,112 @@
+"""The CPU convolution path end to end: batch-norm folded into conv weights, channels-last activations,
+conv weights packed at build time for the implicit GEMM (cpp_templates/conv.h), the direct depthwise
+kernel, and the NCHW fallback (grouped convs) -- each against eager torch, at two CPU levels (two panel
+widths) and two batch sizes through one package with a dynamic batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aotc
+import numpy as np
+import pytest
+import torch
+from aotc_build import kernel as K
+from aotc_build.build import build_captured, compile_graph
+from aotc_build.capture import capture_module
+from aotc_build.codegen.cpp_pack import PANEL, Packing, conv_panel, pack_array, pack_plan
+from aotc_build.ir import Op
+from aotc_build.options import BuildOptions, Target
+from torch import nn
+from torch.export import Dim
+
+
+def _bn(c: int) -> nn.BatchNorm2d:
+    bn = nn.BatchNorm2d(c)
+    bn.running_mean.uniform_(-0.5, 0.5)
+    bn.running_var.uniform_(0.5, 1.5)
+    bn.weight.data.uniform_(0.5, 1.5)
+    bn.bias.data.uniform_(-0.2, 0.2)
+    return bn
+
+
+class Net(nn.Module):
+    """Stem over the NCHW input, an inverted residual (1x1, depthwise, 1x1 + skip), a strided and dilated
+    conv with a bias and channel counts that fill no vector, a grouped conv, pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 24, 3, 2, 1, bias=False), _bn(24), nn.ReLU6())
+        self.expand = nn.Sequential(nn.Conv2d(24, 72, 1, bias=False), _bn(72), nn.ReLU6())
+        self.dw = nn.Sequential(nn.Conv2d(72, 72, 3, 1, 1, groups=72, bias=False), _bn(72), nn.ReLU6())
+        self.project = nn.Sequential(nn.Conv2d(72, 24, 1, bias=False), _bn(24))
+        self.odd = nn.Conv2d(24, 37, 3, 2, 2, dilation=2)
+        self.dw5 = nn.Conv2d(37, 37, 5, 2, 2, groups=37)
+        self.grouped = nn.Conv2d(37 + 1, 20, 3, 1, 1, groups=2)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        y = y + self.project(self.dw(self.expand(y)))
+        y = torch.relu(self.odd(y))
+        y = self.dw5(y)
+        y = torch.cat([y, y[:, :1]], 1)
+        return self.pool(self.grouped(y))
+
+
+def _model() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Net().eval(), torch.randn(2, 3, 29, 31)
+
+
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
+def test_conv_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
+    from aotc.cpu_features import cpu_level
+
+    order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+    if order.index(cpu_level()) < order.index(level):
+        pytest.skip(f"this CPU cannot run {level}")
+    model, x = _model()
+    cap = capture_module(model, (x,), {"x": {0: Dim("batch", min=1, max=8)}}, name="convnet")
+    pkg = tmp_path / "convnet.pkg"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache)
+    m = aotc.load(pkg, device="cpu")
+    for batch in (1, 3):
+        torch.manual_seed(batch)
+        xb = torch.randn(batch, 3, 29, 31)
+        with torch.no_grad():
+            want = model(xb).numpy()
+        got = m(xb.numpy())
+        scale = float(np.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_batch_norm_folds_into_conv_weights() -> None:
+    model, x = _model()
+    graph, plan, _ = compile_graph(capture_module(model, (x,), name="convnet"), channels_last=True)
+    assert not any(n.op in (Op.MUL, Op.RSQRT) for n in graph.nodes)  # the scale went into the weights
+    convs = [k for k in plan.kernels if isinstance(k, K.Conv)]
+    assert len(convs) == 7
+    packed, packs = pack_plan(plan, "x86-64-v4")
+    kinds = [(k.groups, k.packed) for k in packed.kernels if isinstance(k, K.Conv)]
+    assert kinds == [(1, True), (1, True), (72, False), (1, True), (1, True), (37, False), (2, False)]
+    assert {p.nr for p in packs} == {PANEL["x86-64-v4"]}  # more than one vector of output channels: two
+    assert {p.nr for p in pack_plan(plan, "x86-64-v3")[1]} == {PANEL["x86-64-v3"]}
+    narrow = [k for k in convs if k.c_out <= 24]
+    assert {conv_panel(k, "x86-64-v4") for k in narrow} == {32} and conv_panel(convs[0], "x86-64-v2") == 8
+
+
+def test_pack_array_conv_layout() -> None:
+    """Packed conv weight: panel p, row k = (kh * KW + kw) * C + c, column o % NR = W[o, c, kh, kw]."""
+    rng = np.random.default_rng(0)
+    o, c, kh, kw, nr = 5, 3, 2, 3, 4
+    w = rng.standard_normal((o, kh, kw, c)).astype(np.float32)  # stored [O, kh, kw, C] (passes/layout.py)
+    p = Packing("w_packed", "w", 0, 0, kh * kw * c, kh * kw * c, o, nr, ((kh, kw * c), (kw, c), (c, 1)))
+    got = pack_array(p, w)
+    assert got.shape == (2, kh * kw * c, nr)
+    for oo in range(o):
+        for cc in range(c):
+            for a in range(kh):
+                for b in range(kw):
+                    assert got[oo // nr, (a * kw + b) * c + cc, oo % nr] == w[oo, a, b, cc]
+    assert not got[1, :, 1:].any()  # zero past O
