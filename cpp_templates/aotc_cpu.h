@@ -1,6 +1,7 @@
 // Scalar helpers for generated CPU code: 16-bit float conversions, Python/torch integer semantics,
-// NaN-propagating max/min, and the error plumbing aotc_run uses. Everything is inline and header-only;
-// generated code calls these by name from the op table in aot/codegen/cpp.py.
+// NaN-propagating max/min, and the error plumbing aotc_run uses; the parallel loops come from
+// aotc_pool.h. Everything is inline and header-only; generated code calls these by name from the op
+// table in aot/codegen/cpp.py.
 //
 // Note: f16/bf16 tensors are stored as raw uint16_t bits. Generated code loads them into float, does
 // all math in float, and rounds to nearest-even only when storing or on an explicit CAST, so a fused

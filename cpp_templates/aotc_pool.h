@@ -264,10 +264,12 @@ static void aotc_pool_run(int64_t chunks, int threads, F&& f) {
   if (threads > chunks) threads = (int)chunks;
   if (threads > 1) threads = aotc_pool_grow(p, threads);
   if (threads <= 1 || chunks > AOTC_POOL_CHUNKS_MAX) {
-    const bool was = aotc_pool_inside;
-    aotc_pool_inside = true;
+    struct inside {  // restored also when f throws
+      const bool was = aotc_pool_inside;
+      inside() { aotc_pool_inside = true; }
+      ~inside() { aotc_pool_inside = was; }
+    } mark;
     for (int64_t c = 0; c < chunks; ++c) f(c, 0);
-    aotc_pool_inside = was;
     return;
   }
   typedef typename std::remove_reference<F>::type Fn;
@@ -455,7 +457,14 @@ int main() {
   int64_t worker_chunks_after_drop = 0;
   {
     aotc_pool_call call;
-    aotc_pool_check_once(64, 2, fails, 300000);  // the caller finishes its chunks and waits for the worker's
+    // The caller's chunks wait until the worker holds one, then finish at once: the caller runs out of
+    // chunks and waits ~60 ms for the worker's.
+    std::atomic<bool> worker_in{false};
+    aotc_pool_run(2000, 2, [&](int64_t, int slot) {
+      if (slot) worker_in.store(true);
+      while (!slot && !worker_in.load()) aotc_nap(300000);
+    });
+    if (!worker_in.load()) printf("the worker never started (a very busy machine?)\n"), ++fails;
     if (aotc_pool_threads() != 1) printf("no drop to one thread after a stall\n"), ++fails;
     for (int i = 0; i < 5; ++i) worker_chunks_after_drop += aotc_pool_check_once(64, 2, fails, 1000);
   }
@@ -473,7 +482,12 @@ int main() {
   aotc_pool_set_threads(-2);
   {
     aotc_pool_call call;
-    aotc_pool_check_once(64, 2, fails, 300000);
+    std::atomic<bool> worker_in{false};
+    aotc_pool_run(2000, 2, [&](int64_t, int slot) {
+      if (slot) worker_in.store(true);
+      while (!slot && !worker_in.load()) aotc_nap(300000);
+    });
+    if (p.stats.stalls < 2) printf("no second stall\n"), ++fails;
     if (aotc_pool_threads() != 2) printf("a fixed count dropped\n"), ++fails;
   }
   p.test_worker_delay_ns = 0;

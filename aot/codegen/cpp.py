@@ -1,7 +1,8 @@
-"""C++/OpenMP code generation: ``kernel.Program`` -> one translation unit implementing ``aotc_abi.h``.
+"""C++ code generation: ``kernel.Program`` -> one translation unit implementing ``aotc_abi.h``.
 
 What it is: a printer. Each kernel becomes one ``static void`` function (pointwise and reduction loop
-nests written here; matmul and conv call the templates in ``cpp_templates/`` with a generated epilogue
+nests written here, their outer loops one flat loop on the thread pool of ``aotc_pool.h``, the inner
+ones ``omp simd``; matmul and conv call the templates in ``cpp_templates/`` with a generated epilogue
 lambda), and ``aotc_run`` binds the ABI's pointer arrays to buffers and calls the kernels in order.
 Values inside the loops (types, the op table, CSE'd temporaries) are spelled by cpp_values.py.
 What it is not: an optimiser. Fusion, layouts and the memory plan are decided before; index
