@@ -418,7 +418,7 @@ int main() {
     for (int64_t chunks : {1, 2, 3, 17, 1000, 100000}) aotc_pool_check_once(chunks, threads, fails);
   // Chunks that wait (not compute) leave the caller's core free: the worker surely takes some of them.
   std::atomic<int64_t> helped{0};
-  aotc_pool_run(50, 2, [&](int64_t, int slot) {
+  aotc_pool_run(200, 2, [&](int64_t, int slot) {
     aotc_nap(2000000);
     if (slot) helped.fetch_add(1);
   });
