@@ -9,7 +9,8 @@ slower than one thread when one of the cores is taken. Per model this builds one
 models of cpu_side_by_side.py, plus ``mlp_small``: examples/mlp.py at 1x256, the issue's report), loads it
 three times -- ``1`` (one thread), ``2`` (two threads, adaptation off: the raw mechanism) and ``auto`` (the
 default: every core, the runtime's adaptive policy on) -- and times the three interleaved, idle and with a
-busy process (``while True: pass``; with --pin it is pinned to the last core, else the scheduler places it).
+busy process (``while True: pass``; with --pin it is pinned to the last core this process may use, else
+the scheduler places it). On a big host, ``taskset -c 0,1 python ...`` makes it a 2-core machine.
 Each cell: the median of --calls single calls, best of --rounds interleaved rounds, in ms. Packages are
 kept in --pkg-dir (built when absent). Before/after in one process, under the same load: build the old
 side's packages with the old checkout (``--build-only --pkg-dir OLD``), then time both with --baseline OLD.
@@ -24,6 +25,7 @@ import datetime
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,7 +85,7 @@ def _load(pkg: Path, threads: int, adaptive: bool) -> Callable[..., object]:
 def busy_core(pin: bool) -> Iterator[None]:
     cmd = [sys.executable, "-c", "while True: pass"]
     if pin:
-        cmd = ["taskset", "-c", str((os.cpu_count() or 1) - 1), *cmd]
+        cmd = ["taskset", "-c", str(max(os.sched_getaffinity(0))), *cmd]  # the last core this process may use
     p = subprocess.Popen(cmd)
     try:
         time.sleep(0.3)
@@ -146,10 +148,11 @@ def main() -> None:
     )
     ap.add_argument("--build-only", action="store_true", help="build the packages into --pkg-dir and stop")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a kill still stops the busy process (finally)
     args.pkg_dir.mkdir(parents=True, exist_ok=True)
     doc: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cores": os.cpu_count(), "busy": "pinned to the last core" if args.pin else "one unpinned busy process",
+        "cores": len(os.sched_getaffinity(0)), "busy": "pinned to the last core" if args.pin else "one unpinned busy process",
         "method": f"median of {args.calls} calls, best of {args.rounds} interleaved rounds; ms",
         "loadavg_start": os.getloadavg(), "rows": [],
     }  # fmt: skip
