@@ -38,8 +38,9 @@
 #endif
 
 #ifndef AOTC_POOL_MAX
-#define AOTC_POOL_MAX 128  // threads, the caller included (7 bits of the job word)
+#define AOTC_POOL_MAX 127  // threads, the caller included: at most 127 (7 bits of the job word)
 #endif
+static_assert(AOTC_POOL_MAX >= 1 && AOTC_POOL_MAX <= 127, "the job word holds a width of 7 bits");
 #ifndef AOTC_POOL_SPIN_NS
 #define AOTC_POOL_SPIN_NS 200000  // how long an idle worker watches for the next loop before it sleeps
 #endif
