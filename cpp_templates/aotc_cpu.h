@@ -1,6 +1,7 @@
 // Scalar helpers for generated CPU code: 16-bit float conversions, Python/torch integer semantics,
-// NaN-propagating max/min, and the error plumbing aotc_run uses. Everything is inline and header-only;
-// generated code calls these by name from the op table in aot/codegen/cpp.py.
+// NaN-propagating max/min, and the error plumbing aotc_run uses; the parallel loops come from
+// aotc_pool.h. Everything is inline and header-only; generated code calls these by name from the op
+// table in aot/codegen/cpp.py.
 //
 // Note: f16/bf16 tensors are stored as raw uint16_t bits. Generated code loads them into float, does
 // all math in float, and rounds to nearest-even only when storing or on an explicit CAST, so a fused
@@ -24,33 +25,13 @@
 
 #include "aotc_abi.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "aotc_pool.h"
 
-// Loop nests get one thread per this many elements (OpenMP start-up costs a few microseconds), at most
-// OpenMP's current maximum; below it they run on the calling thread alone.
-#ifndef AOTC_PAR_MIN_WORK
-#define AOTC_PAR_MIN_WORK 16384
-#endif
 // Pointwise kernels split their innermost loop into chunks of this many iterations, so that a nest
 // with few outer iterations (batch 1) still spreads over the threads.
 #ifndef AOTC_CHUNK
 #define AOTC_CHUNK 4096
 #endif
-
-// Threads for a loop nest of ``work`` elements. Note: fewer threads for small nests, not only serial
-// below a threshold: every thread of a region waits at its end for the slowest, and a thread whose core
-// another process holds is late by a whole time slice.
-static inline int aotc_threads_for(int64_t work) {
-#ifdef _OPENMP
-  const int64_t most = omp_get_max_threads(), n = work / AOTC_PAR_MIN_WORK;
-  return (int)(n < 1 ? 1 : n < most ? n : most);
-#else
-  (void)work;
-  return 1;
-#endif
-}
 
 // ---- 16-bit floats ---------------------------------------------------------------------------------
 

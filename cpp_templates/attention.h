@@ -20,7 +20,6 @@
 #ifndef AOTC_ATTENTION_H
 #define AOTC_ATTENTION_H
 
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,9 +141,12 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
   const bool par = flops >= AOTC_ATTN_MIN_PAR_FLOPS;
   // per thread: q rows, K^T block, V block, scores, output rows, row max and sum
   const int64_t per = MB * E + E * NB + NB * evp + MB * NB + MB * evp + 2 * MB + 16;
-#pragma omp parallel num_threads(par ? omp_get_max_threads() : 1)
-  {
-    float* ws = static_cast<float*>(aligned_alloc(64, aotc_attn_roundup(per * sizeof(float), 64)));
+  const int nthreads = par ? aotc_pool_threads() : 1;
+  const int64_t per_slot = aotc_attn_roundup(per, 16);
+  float* ws_all = static_cast<float*>(aligned_alloc(64, (size_t)(per_slot * nthreads) * sizeof(float)));
+  if (ws_all == NULL) throw std::bad_alloc();
+  aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) {
+    float* ws = ws_all + slot * per_slot;
     float* qs = ws;
     float* kt = qs + MB * E;
     float* vb = kt + E * NB;
@@ -152,8 +154,7 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
     float* out = sc + MB * NB;
     float* mx = out + MB * evp;
     float* sum = mx + MB;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
+    {
       const int64_t b = t / blocks, l0 = (t % blocks) * MB;
       const int64_t lb = L - l0 < MB ? L - l0 : MB;
       const int64_t qo = qoff(b), ko = koff(b), vo = voff(b), mo = mask_kind ? moff(b) : 0;
@@ -218,8 +219,8 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       }
       epi(b, l0, lb, (const float*)out, evp);
     }
-    free(ws);
-  }
+  });
+  free(ws_all);
 }
 
 #ifdef AOTC_SELFTEST_ATTENTION

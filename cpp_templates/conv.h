@@ -67,12 +67,11 @@ static void aotc_conv2d_direct(const aotc_conv_shape& s, const SX* x, aotc_conv_
   const int64_t opg = s.O / s.G, P = s.OH * s.OW;
   const int64_t planes = s.N * s.O;
   const bool par = planes > 1 && planes * P * s.KH * s.KW >= AOTC_CONV_MIN_PAR_WORK;
-  const int nthreads = par ? omp_get_max_threads() : 1;
+  const int nthreads = par ? aotc_pool_threads() : 1;
   T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)aotc_roundup(P > 0 ? P : 1, 16) * sizeof(T) * nthreads));
   if (ws_all == NULL) throw std::bad_alloc();
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (par)
-  for (int64_t t = 0; t < planes; ++t) {
-    T* out = ws_all + (int64_t)omp_get_thread_num() * aotc_roundup(P > 0 ? P : 1, 16);
+  aotc_pool_run(planes, nthreads, [&](int64_t t, int slot) {
+    T* out = ws_all + (int64_t)slot * aotc_roundup(P > 0 ? P : 1, 16);
     const int64_t n = t / s.O, oc = t % s.O, c = oc / opg;  // one input channel per group
     for (int64_t p = 0; p < P; ++p) out[p] = T(0);
     const int64_t xbase = xs.off + n * xs.s0 + c * xs.s1;
@@ -93,7 +92,7 @@ static void aotc_conv2d_direct(const aotc_conv_shape& s, const SX* x, aotc_conv_
       }
     }
     epi(n, oc, (int64_t)1, (int64_t)0, P, (const T*)out, P);
-  }
+  });
   free(ws_all);
 }
 
@@ -132,8 +131,7 @@ void aotc_conv2d(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, co
     }
     const int64_t rows = s.G * kg;
     const bool par = rows * P >= AOTC_CONV_MIN_PAR_WORK;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t r = 0; r < rows; ++r) {  // r = (c, kh, kw) over all groups
+    aotc_pool_run(rows, par ? aotc_pool_threads() : 1, [&](int64_t r, int) {  // r = (c, kh, kw), all groups
       const int64_t c = r / (s.KH * s.KW), kh = r / s.KW % s.KH, kw = r % s.KW;
       const int64_t dh = kh * s.dh - s.ph, dw = kw * s.dw - s.pw;
       const int64_t oh0 = aotc_conv_first(dh, s.sh, 0, s.OH), oh1 = aotc_conv_end(dh, s.sh, s.H, s.OH);
@@ -152,7 +150,7 @@ void aotc_conv2d(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, co
         for (int64_t ow = ow0; ow < ow1; ++ow) drow[ow] = (T)aotc_elem<SX>::load(x, xrow + ow * s.sw * xs.s3);
         for (int64_t ow = ow1 > ow0 ? ow1 : ow0; ow < s.OW; ++ow) drow[ow] = T(0);
       }
-    }
+    });
     aotc_matmul<T>(s.G, opg, P, kg, wpp, offw, kg, 1, (const T*)colp, [=](int64_t g) { return g * kg * P; }, P,
                    1, tile_epi);
   }

@@ -302,7 +302,7 @@ static void* aotc_mm_workspace(size_t bytes) {
 
 // Threads for ``flops`` of work in ``tasks`` tasks.
 static inline int aotc_mm_threads(double flops, int64_t tasks) {
-  const int most = omp_get_max_threads();
+  const int most = aotc_pool_threads();
   const double by_work = flops / AOTC_MM_FLOPS_PER_THREAD;
   int n = by_work < (double)most ? (int)by_work : most;
   n = (int64_t)n < tasks ? n : (int)tasks;
@@ -319,7 +319,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   if (batch <= 0 || M <= 0 || N <= 0) return;
   const int64_t KC = AOTC_MM_KC;
   const double flops = 2.0 * (double)batch * (double)M * (double)N * (double)(K > 0 ? K : 1);
-  const int64_t most = omp_get_max_threads();
+  const int64_t most = aotc_pool_threads();
   // Tiles: rows up to MB, then columns up to NB, narrowed (in whole panels) until there are a few tasks
   // per thread that the work can pay for.
   const int64_t MB = aotc_mm_min(aotc_roundup(M, MR), AOTC_MM_MB);
@@ -340,27 +340,24 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   const int64_t per = aotc_roundup(MB * NB + MB * kc_max + (BSrc::packs ? NB * kc_max : 0), 64 / sizeof(T));
   // Called from inside a parallel region (a caller's own loop), a matmul runs serially on a private
   // workspace: the kept one is shared by the library's top-level calls only.
-  const bool nested = omp_in_parallel();
+  const bool nested = omp_in_parallel() || aotc_pool_inside;
   const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
   const size_t bytes = ((size_t)a_all + (size_t)per * (size_t)nthreads) * sizeof(T);
   T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
   if (nested && own == NULL) throw std::bad_alloc();
   T* const apacked = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
   T* const ws_all = apacked + a_all;
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     if (shared_a) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t j = 0; j < ablocks * kslices; ++j) {
+      aotc_pool_run(ablocks * kslices, nthreads, [&](int64_t j, int) {
         const int64_t blk = j / kslices, k0 = j % kslices * KC, bi = blk / mblocks, m0 = blk % mblocks * MB;
         const int64_t mb = aotc_mm_min(M - m0, MB);
         aotc_mm_pack<T, SA>(apacked + blk * MB * K + k0 * aotc_roundup(mb, MR), a + offa(bi), m0, mb,
                             aotc_roundup(mb, MR), k0, aotc_mm_min(K - k0, KC), sam, sak, MR);
-      }
+      });
     }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
-      T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
+    aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) {
+      T* tile = ws_all + (int64_t)slot * per;
       const int64_t bi = t / (mblocks * nblocks), mi = t / nblocks % mblocks, ni = t % nblocks;
       const int64_t m0 = mi * MB, n0 = ni * NB;
       const int64_t mb = aotc_mm_min(M - m0, MB), nb = aotc_mm_min(N - n0, NB);
@@ -390,7 +387,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
         }
       }
       epi(bi, m0, mb, n0, nb, (const T*)tile, nbp);
-    }
+    });
   }
   free(own);
 }

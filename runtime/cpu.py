@@ -126,12 +126,13 @@ def _pin_openmp() -> None:
         _libdl().dlopen(name, os.RTLD_NOW | os.RTLD_NOLOAD | os.RTLD_NODELETE)
 
 
-# Note: GNU OpenMP's threads spin 300000 rounds at each barrier before they sleep. On a machine where
-# other processes keep the cores busy that spin steals the time slice the late thread needs: BERT (4
-# layers, 2 threads, load ~7 on 2 cores) measured 1956 ms a call with the default, 460 ms with 20000
-# rounds, 263 ms with OMP_WAIT_POLICY=passive, 674 ms on one thread. A short spin keeps the threads warm
-# between back-to-back kernels and lets them sleep between calls. libgomp reads this once, when the first
-# library that needs it loads; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+# Note: libraries built by this aotc run their loops on their own thread pool (cpp_templates/aotc_pool.h),
+# which neither spins at barriers nor waits for a thread that another process keeps off its core. Older
+# packages (same ABI) use OpenMP regions, whose threads spin 300000 rounds at each barrier before they
+# sleep; on a machine where other processes keep the cores busy that spin steals the time slice the late
+# thread needs: BERT (4 layers, 2 threads, load ~7 on 2 cores) measured 1956 ms a call with the default,
+# 460 ms with 20000 rounds, 674 ms on one thread. So for them a short spin: libgomp reads this once, when
+# the first library that needs it loads; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
 _GOMP_SPINCOUNT = "10000"
 
 
@@ -170,7 +171,12 @@ def _dlopen_bytes(data: bytes, name: str) -> Any:
 
 
 class CpuExecutor:
-    """One loaded CPU library with its weights; ``run`` is thread-safe (calls are serialised)."""
+    """One loaded CPU library with its weights; ``run`` is thread-safe (calls are serialised).
+
+    ``num_threads``: at most this many threads per call (None or 0: every core the process may use, or
+    OMP_NUM_THREADS). The library drops to fewer while the extra threads do not get a core (another
+    process holds it) and tries them again now and then; ``fixed_threads`` turns that off (benchmarks).
+    """
 
     device = "cpu"
 
@@ -180,9 +186,10 @@ class CpuExecutor:
         target: CpuTarget,
         weights: Sequence[np.ndarray] | None = None,
         num_threads: int | None = None,
+        fixed_threads: bool = False,
     ) -> None:
         if num_threads is not None and num_threads < 0:
-            raise UsageError(f"num_threads must be >= 0 (0 or None: OpenMP's default), got {num_threads}")
+            raise UsageError(f"num_threads must be >= 0 (0 or None: every core the process may use), got {num_threads}")
         if target.abi_version != ABI_VERSION:
             raise IncompatiblePackage(
                 f"{target.library} uses aotc C ABI version {target.abi_version}; this runtime speaks version "
@@ -210,7 +217,10 @@ class CpuExecutor:
             raise IncompatiblePackage(
                 f"{target.library} reports aotc ABI version {got}, the manifest says {target.abi_version}: rebuild the package"
             )
-        self._threads = int(num_threads or 0)
+        if fixed_threads and not num_threads:
+            raise UsageError("fixed_threads needs a thread count (num_threads >= 1)")
+        # aotc_set_num_threads: n > 0 at most n, adapting; 0 the default, adapting; -n exactly n.
+        self._threads = -int(num_threads or 0) if fixed_threads else int(num_threads or 0)
         self._lib.aotc_set_num_threads(self._threads)
         self._lock = threading.Lock()
         self._arena = aligned_empty(0)
@@ -274,7 +284,8 @@ class CpuExecutor:
                 self._out[i] = _ffi.cast("void*", o.ctypes.data)
             for i, v in enumerate(syms):
                 self._syms[i] = v
-            # Threads are a per-thread OpenMP setting: set it on the thread that runs.
+            # Packages built before the thread pool keep the count in OpenMP's per-thread setting: set it on
+            # the thread that runs.
             self._lib.aotc_set_num_threads(self._threads)
             arena = _ffi.cast("void*", self._arena.ctypes.data) if arena_bytes else _ffi.NULL
             self._err[0] = b"\0"

@@ -58,7 +58,8 @@ def load(path: str | Path, device: str = "auto", num_threads: int | None = None)
     """Open a package and prepare it to run.
 
     device: "auto" (CUDA when the package has a target for this GPU and the driver loads, else CPU),
-    "cpu", "cuda" or "cuda:N". num_threads: OpenMP threads for the CPU target (None: OpenMP's default).
+    "cpu", "cuda" or "cuda:N". num_threads: at most this many threads per call on the CPU target (None:
+    every core), fewer while other processes keep cores busy.
     """
     dev = device.strip().lower()
     if dev not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", dev):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import re
 import sys
 import threading
@@ -329,3 +330,49 @@ def test_close_unloads_the_library(make_package) -> None:
         aotc.load(path)(*inputs(2))
         gc.collect()
     assert mapped() == before
+
+
+def test_thread_pool_counts_agree_and_unload_joins_workers(tmp_path: Path, aotc_cache: Path) -> None:
+    """A built library's loops (matmul, pointwise, reduction: all big enough to go parallel) give the same
+    bits on one thread, on a fixed 2 or 3 (more than this machine's cores), and adaptive; unloading the
+    library ends its worker threads (they live in its code)."""
+    import torch
+    from aotc.package import Package
+    from aotc_build.build import build_captured
+    from aotc_build.capture import capture_module
+    from aotc_build.options import BuildOptions, Target
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(256, 256)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(torch.nn.functional.gelu(self.fc(x)), dim=-1)
+
+    torch.manual_seed(0)
+    cap = capture_module(Net().eval(), (torch.randn(512, 256),))
+    pkg = tmp_path / "m.pkg"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", "x86-64-v2"),), selftest=False), aotc_cache)
+    x = np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32)
+
+    def tasks() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    gc.collect()
+    before = tasks()
+    outs = []
+    for threads, fixed in ((1, False), (2, True), (3, True), (None, False)):
+        p = Package(pkg)
+        ex = cpu.CpuExecutor(p, cpu.select_target(p.manifest.cpu_targets), num_threads=threads, fixed_threads=fixed)
+        model = aotc.Model(p, ex)
+        outs += [np.asarray(model(x)) for _ in range(3)]
+        if threads == 3:
+            assert tasks() == before + 2  # the caller works too: two workers
+        model.close()
+        assert tasks() == before
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    with pytest.raises(UsageError, match="fixed_threads"):
+        p = Package(pkg)
+        cpu.CpuExecutor(p, cpu.select_target(p.manifest.cpu_targets), fixed_threads=True)

@@ -1,7 +1,8 @@
-"""C++/OpenMP code generation: ``kernel.Program`` -> one translation unit implementing ``aotc_abi.h``.
+"""C++ code generation: ``kernel.Program`` -> one translation unit implementing ``aotc_abi.h``.
 
 What it is: a printer. Each kernel becomes one ``static void`` function (pointwise and reduction loop
-nests written here; matmul and conv call the templates in ``cpp_templates/`` with a generated epilogue
+nests written here, their outer loops one flat loop on the thread pool of ``aotc_pool.h``, the inner
+ones ``omp simd``; matmul and conv call the templates in ``cpp_templates/`` with a generated epilogue
 lambda), and ``aotc_run`` binds the ABI's pointer arrays to buffers and calls the kernels in order.
 Values inside the loops (types, the op table, CSE'd temporaries) are spelled by cpp_values.py.
 What it is not: an optimiser. Fusion, layouts and the memory plan are decided before; index
@@ -119,15 +120,30 @@ class KernelWriter:
         return out.text()
 
     def _omp(self, text: str) -> str:
-        """An OpenMP pragma line; in a kernel that gathers, every loop also ORs its threads' ``aotc_bad``."""
+        """An OpenMP pragma line (``simd``); in a kernel that gathers it also ORs the lanes' ``aotc_bad``."""
         return f"#pragma omp {text}{' reduction(|:aotc_bad)' if self.k.has_gather else ''}"
 
-    def _parallel_for(self, collapse: int, work: str) -> str:
-        """The pragma over a kernel's outer loops. ``guided``: big chunks first, then small ones, so a thread
-        that starts late (a busy core) delays the end of the loop by one small chunk, not by its half.
-        Threads by work (aotc_threads_for): one per AOTC_PAR_MIN_WORK elements."""
-        par = f"if ({work} >= 2 * AOTC_PAR_MIN_WORK) num_threads(aotc_threads_for({work}))"
-        return self._omp(f"parallel for collapse({collapse}) schedule(guided) {par}")
+    def _parallel_for(self, stack: ExitStack, sizes: list[str], names: list[str], work: str) -> None:
+        """Loops ``names`` over ``sizes`` as one flat loop on the thread pool (aotc_pool.h): the pool takes
+        the flat index range in chunks, each chunk recovers its loop variables from the flat index. Threads
+        by work (aotc_threads_for: one per AOTC_PAR_MIN_WORK elements). In a kernel that gathers, each chunk
+        keeps its own ``aotc_bad`` and ORs it into the kernel's at its end."""
+        tasks = " * ".join(sizes)
+        if self.k.has_gather:
+            self.w.line("int64_t* const aotc_bad_all = &aotc_bad;")
+        head = f"aotc_parallel_for({tasks}, {work}, [&](int64_t aotc_t0, int64_t aotc_t1)"
+        stack.enter_context(self.w.block(head, "});"))
+        if self.k.has_gather:
+            self.w.line("int64_t aotc_bad = 0;")
+            stack.callback(lambda: self.w.line("if (aotc_bad) __atomic_store_n(aotc_bad_all, 1, __ATOMIC_RELAXED);"))
+        stack.enter_context(self._for("aotc_t", "aotc_t1", "aotc_t0"))
+        rest = "aotc_t"
+        for j in range(len(sizes) - 1, -1, -1):
+            if j == 0:
+                self.w.line(f"[[maybe_unused]] const int64_t {names[0]} = {rest};")
+            else:
+                self.w.line(f"[[maybe_unused]] const int64_t {names[j]} = {rest} % {sizes[j]};")
+                rest = f"({rest} / {sizes[j]})"
 
     # -- loop helpers --
 
@@ -146,9 +162,7 @@ class KernelWriter:
         if not sizes:
             stack.enter_context(self.w.block("do", "} while (0);"))
             return
-        self.w.line(self._parallel_for(len(sizes), work))
-        for j, n in enumerate(sizes):
-            stack.enter_context(self._for(f"i{j}", n))
+        self._parallel_for(stack, sizes, [f"i{j}" for j in range(len(sizes))], work)
 
     def _rloops(self, stack: ExitStack, rsizes: list[str], clause: str = "") -> None:
         """Loops r0.. over the reduce space, ``omp simd`` (with ``clause``) on the innermost."""
@@ -175,11 +189,8 @@ class KernelWriter:
         last = len(sizes) - 1
         self.w.line(f"const int64_t aotc_chunks = aotc_ceildiv({sizes[last]}, AOTC_CHUNK);")
         outer = [*sizes[:last], "aotc_chunks"]
-        self.w.line(self._parallel_for(len(outer), self._work(sizes)))
         with ExitStack() as stack:
-            for j, n in enumerate(sizes[:last]):
-                stack.enter_context(self._for(f"i{j}", n))
-            stack.enter_context(self._for("aotc_c", "aotc_chunks"))
+            self._parallel_for(stack, outer, [*(f"i{j}" for j in range(last)), "aotc_c"], self._work(sizes))
             self.w.line("const int64_t aotc_lo = aotc_c * AOTC_CHUNK;")
             self.w.line(f"const int64_t aotc_hi = aotc_min(aotc_lo + AOTC_CHUNK, {sizes[last]});")
             self.w.line(self._omp("simd"))
@@ -540,25 +551,19 @@ def generate(prog: K.Plan, options: BuildOptions) -> str:
         headers.append("attention.h")
     for h in headers:
         w.line(f'#include "{h}"')
-    w.line("#include <omp.h>")
-    w.line()
-    w.line("#include <atomic>")
     w.line()
     w.line("namespace {")
     w.line()
     for k, fname in zip(prog.kernels, names, strict=True):
         w.extend(KernelWriter(prog, k, fname, ptrs, numel).write().rstrip("\n").split("\n"))
         w.line()
-    w.line("std::atomic<int> aotc_threads{0};")
-    w.line("const int aotc_default_threads = omp_get_max_threads();")
-    w.line()
     w.line("}  // namespace")
     w.line()
     w.line('#define AOTC_EXPORT extern "C" __attribute__((visibility("default")))')
     w.line()
     w.line("AOTC_EXPORT int32_t aotc_abi_version(void) { return AOTC_ABI_VERSION; }")
     w.line()
-    w.line("AOTC_EXPORT void aotc_set_num_threads(int32_t n) { aotc_threads.store(n); }")
+    w.line("AOTC_EXPORT void aotc_set_num_threads(int32_t n) { aotc_pool_set_threads(n); }")
     w.line()
     sig = (
         "AOTC_EXPORT int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* outputs, "
@@ -566,8 +571,7 @@ def generate(prog: K.Plan, options: BuildOptions) -> str:
     )
     with w.block(sig):
         w.line("(void)syms; (void)inputs; (void)outputs; (void)weights; (void)arena;")
-        w.line("const int aotc_n = aotc_threads.load();")
-        w.line("omp_set_num_threads(aotc_n > 0 ? aotc_n : aotc_default_threads);")
+        w.line("const aotc_pool_call aotc_call;  // the thread count and the pool's policy, per call")
         with w.block("try"):
             for j, s in enumerate(prog.symbols):
                 w.line(f"const int64_t {s.name} = syms[{j}];")

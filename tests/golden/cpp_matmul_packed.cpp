@@ -2,9 +2,6 @@
 #include "aotc_abi.h"
 #include "aotc_cpu.h"
 #include "matmul.h"
-#include <omp.h>
-
-#include <atomic>
 
 namespace {
 
@@ -31,21 +28,17 @@ static void aotc_k_odd_bias([[maybe_unused]] const int64_t s0, const float* p_x,
       });
 }
 
-std::atomic<int> aotc_threads{0};
-const int aotc_default_threads = omp_get_max_threads();
-
 }  // namespace
 
 #define AOTC_EXPORT extern "C" __attribute__((visibility("default")))
 
 AOTC_EXPORT int32_t aotc_abi_version(void) { return AOTC_ABI_VERSION; }
 
-AOTC_EXPORT void aotc_set_num_threads(int32_t n) { aotc_threads.store(n); }
+AOTC_EXPORT void aotc_set_num_threads(int32_t n) { aotc_pool_set_threads(n); }
 
 AOTC_EXPORT int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* outputs, const void* const* weights, void* arena, char* err, size_t errlen) {
   (void)syms; (void)inputs; (void)outputs; (void)weights; (void)arena;
-  const int aotc_n = aotc_threads.load();
-  omp_set_num_threads(aotc_n > 0 ? aotc_n : aotc_default_threads);
+  const aotc_pool_call aotc_call;  // the thread count and the pool's policy, per call
   try {
     const int64_t s0 = syms[0];
     const float* p_x = static_cast<const float*>(inputs[0]);

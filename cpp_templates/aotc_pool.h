@@ -1,0 +1,500 @@
+// The thread pool generated CPU code runs its parallel loops on: persistent worker threads that claim
+// chunks of a loop from one atomic word, and a per-call policy that drops to the calling thread alone
+// while the workers do not get a core.
+//
+// Note (why not OpenMP regions): an OpenMP loop ends at a barrier, so every kernel waits for the slowest
+// thread. On an edge server another process often holds a core; the worker that shares that core runs
+// only every few milliseconds, and every kernel's barrier then waits for it: examples/mlp.py at 1x256 took
+// 16 ms a call on 2 threads with one core busy against 1.4 ms on one thread. Here the caller works too,
+// chunks are claimed one at a time from a shared counter, and a loop is over when its chunks are done,
+// not when every thread has arrived: a worker that wakes late finds nothing left and nobody waits for it.
+// What remains is a worker descheduled in the middle of a chunk. The caller measures that wait (the time
+// between running out of chunks and the last chunk's end) against what the workers contributed, and
+// when the wait costs more than the help it runs the rest of the call, and a growing number of calls
+// after it, on its own thread (then it probes again).
+//
+// Workers spin for AOTC_POOL_SPIN_NS after a loop (kernels follow each other within microseconds), then
+// sleep on a futex; the caller wakes only the ones a loop uses. Nothing is allocated per call. One pool
+// per library (each loaded package has its own), created at the first parallel loop, joined at unload.
+#ifndef AOTC_POOL_H
+#define AOTC_POOL_H
+
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <type_traits>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef AOTC_POOL_MAX
+#define AOTC_POOL_MAX 127  // threads, the caller included: at most 127 (7 bits of the job word)
+#endif
+static_assert(AOTC_POOL_MAX >= 1 && AOTC_POOL_MAX <= 127, "the job word holds a width of 7 bits");
+#ifndef AOTC_POOL_SPIN_NS
+#define AOTC_POOL_SPIN_NS 200000  // how long an idle worker watches for the next loop before it sleeps
+#endif
+#ifndef AOTC_POOL_WAIT_SPIN_NS
+#define AOTC_POOL_WAIT_SPIN_NS 30000  // how long the caller spins for the last chunks before it sleeps
+#endif
+#ifndef AOTC_POOL_SLACK_NS
+#define AOTC_POOL_SLACK_NS 50000  // a wait up to this long (beyond one chunk) is noise, not a stall
+#endif
+#ifndef AOTC_POOL_BACKOFF_MAX
+#define AOTC_POOL_BACKOFF_MAX 256  // calls on one thread, at most, before the next probe
+#endif
+#ifndef AOTC_CHUNK_WORK
+#define AOTC_CHUNK_WORK 8192  // elements: a chunk at least this big pays for its claim (an atomic CAS)
+#endif
+#ifndef AOTC_CHUNKS_PER_THREAD
+#define AOTC_CHUNKS_PER_THREAD 16  // at most: enough that a late thread costs a small chunk, not a share
+#endif
+
+// The job word: generation (19 bits) | width (7) | chunks (19) | next chunk (19). Packing them makes a
+// claim one compare-and-swap that fails once the loop it read has been replaced by another.
+#define AOTC_POOL_NBITS 19
+#define AOTC_POOL_CHUNKS_MAX ((1 << AOTC_POOL_NBITS) - 1)
+
+static inline int64_t aotc_now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void aotc_cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static inline void aotc_futex_wait(std::atomic<uint32_t>* word, uint32_t value) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, value, NULL, NULL, 0);
+}
+
+static inline void aotc_futex_wake(std::atomic<uint32_t>* word, int n) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+static inline uint64_t aotc_job_pack(uint64_t gen, uint64_t width, uint64_t chunks, uint64_t next) {
+  return gen << 45 | width << 38 | chunks << 19 | next;
+}
+static inline uint32_t aotc_job_gen(uint64_t j) { return (uint32_t)(j >> 45); }
+static inline int aotc_job_width(uint64_t j) { return (int)(j >> 38 & 127); }
+static inline int64_t aotc_job_chunks(uint64_t j) { return (int64_t)(j >> 19 & AOTC_POOL_CHUNKS_MAX); }
+static inline int64_t aotc_job_next(uint64_t j) { return (int64_t)(j & AOTC_POOL_CHUNKS_MAX); }
+
+// True on a thread while it runs a chunk: a loop started inside one runs serially (no nested pools).
+static thread_local bool aotc_pool_inside = false;
+
+struct aotc_worker {
+  alignas(64) std::atomic<uint32_t> wake{0};  // the futex word this worker sleeps on
+  std::atomic<uint32_t> sleeping{0};
+  pthread_t thread;
+};
+
+struct aotc_pool_stats {  // for tests and benchmarks: what the policy saw
+  int64_t loops = 0, stalls = 0, solo_calls = 0, probes = 0;
+};
+
+struct aotc_pool {
+  alignas(64) std::atomic<uint64_t> job{0};
+  alignas(64) std::atomic<uint32_t> done{0};  // chunks finished in the current loop
+  std::atomic<uint32_t> caller_sleeping{0};
+  std::atomic<int> failed{0};
+  std::exception_ptr error;
+  void (*fn)(void*, int64_t, int) = nullptr;  // fn(ctx, chunk, slot)
+  void* ctx = nullptr;
+  std::atomic<bool> stop{false};
+  int started = 0;  // worker threads created so far
+  aotc_worker workers[AOTC_POOL_MAX];
+  // Settings and policy: touched by the calling thread only (calls into one library are serialised).
+  int want = 0;          // threads asked for; 0: the default
+  bool fixed = false;    // exactly ``want`` threads, no adaptation
+  int width = 0;         // threads this call may use (0: not inside a call)
+  int64_t solo_left = 0; // calls still to run on one thread
+  int64_t backoff = 2;   // calls to run on one thread after the next stall
+  int64_t clean = 0;     // calls in a row that ran with workers and did not drop
+  int64_t gain_ns = 0, loss_ns = 0;  // this call: time the workers saved, time spent waiting for them
+  int64_t test_worker_delay_ns = 0;  // tests: workers sleep this long inside every chunk they run
+  aotc_pool_stats stats;
+
+  ~aotc_pool() {  // the library is being unloaded (or the process exits): let the workers go
+    stop.store(true);
+    for (int i = 1; i <= started; ++i) {
+      workers[i].wake.fetch_add(1);
+      aotc_futex_wake(&workers[i].wake, 1);
+    }
+    for (int i = 1; i <= started; ++i) pthread_join(workers[i].thread, NULL);
+  }
+};
+
+static aotc_pool& aotc_the_pool() {
+  static aotc_pool pool;
+  return pool;
+}
+
+static inline int aotc_default_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();  // honours OMP_NUM_THREADS and the process's CPU affinity
+#else
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+#endif
+}
+
+// Run chunk ``c`` of a loop of ``chunks`` as ``slot``; an exception is kept for the caller (the first
+// one wins). The last chunk wakes the caller if it sleeps.
+static inline void aotc_pool_chunk(aotc_pool& p, int64_t c, int64_t chunks, int slot) {
+  try {
+    p.fn(p.ctx, c, slot);
+  } catch (...) {
+    int expect = 0;
+    if (p.failed.compare_exchange_strong(expect, 1)) p.error = std::current_exception();
+  }
+  if (p.done.fetch_add(1) + 1 == (uint32_t)chunks && p.caller_sleeping.load())
+    aotc_futex_wake(&p.done, 1);
+}
+
+// Claim the next chunk of generation ``gen``; -1 when it has none left (or is over). ``chunks`` gets the
+// loop's chunk count, read from the same word the claim succeeded on.
+static inline int64_t aotc_pool_claim(aotc_pool& p, uint32_t gen, int64_t* chunks) {
+  uint64_t j = p.job.load(std::memory_order_acquire);
+  while (aotc_job_gen(j) == gen && aotc_job_next(j) < aotc_job_chunks(j))
+    if (p.job.compare_exchange_weak(j, j + 1, std::memory_order_acquire)) {
+      *chunks = aotc_job_chunks(j);
+      return aotc_job_next(j);
+    }
+  return -1;
+}
+
+static void* aotc_pool_worker(void* arg) {
+  aotc_pool& p = aotc_the_pool();
+  const int id = (int)(intptr_t)arg;
+  aotc_worker& me = p.workers[id];
+  uint32_t seen = aotc_job_gen(p.job.load());
+  for (;;) {
+    uint64_t j = p.job.load(std::memory_order_acquire);
+    int64_t deadline = aotc_now_ns() + AOTC_POOL_SPIN_NS;
+    for (int i = 1; aotc_job_gen(j) == seen && !p.stop.load(std::memory_order_relaxed); ++i) {
+      if (i % 256 == 0 && aotc_now_ns() > deadline) {
+        const uint32_t w = me.wake.load();
+        me.sleeping.store(1);  // then look once more: the caller reads ``sleeping`` after publishing
+        if (aotc_job_gen(p.job.load()) == seen && !p.stop.load()) aotc_futex_wait(&me.wake, w);
+        me.sleeping.store(0);
+        deadline = aotc_now_ns() + AOTC_POOL_SPIN_NS;
+      }
+      aotc_cpu_relax();
+      j = p.job.load(std::memory_order_acquire);
+    }
+    if (p.stop.load()) return NULL;
+    seen = aotc_job_gen(j);
+    if (id >= aotc_job_width(j)) continue;
+    aotc_pool_inside = true;
+    int64_t n = 0;
+    for (int64_t c; (c = aotc_pool_claim(p, seen, &n)) >= 0;) {
+      if (p.test_worker_delay_ns) {
+        const timespec ts = {0, (long)p.test_worker_delay_ns};
+        nanosleep(&ts, NULL);
+      }
+      aotc_pool_chunk(p, c, n, id);
+    }
+    aotc_pool_inside = false;
+  }
+}
+
+// Workers 1 .. n-1 exist (created on first need, with every signal blocked: they belong to the host's
+// main thread). Returns how many threads can take part, the caller included.
+static inline int aotc_pool_grow(aotc_pool& p, int n) {
+  if (n > AOTC_POOL_MAX) n = AOTC_POOL_MAX;
+  if (n - 1 <= p.started) return n;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  while (p.started < n - 1) {
+    const int id = p.started + 1;
+    if (pthread_create(&p.workers[id].thread, NULL, aotc_pool_worker, (void*)(intptr_t)id) != 0) break;
+    p.started = id;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return p.started + 1;
+}
+
+// The policy's view of one loop: the workers saved about (their chunks x the caller's time per chunk);
+// the caller lost the time it waited beyond one chunk. A call whose losses pass its gains runs the rest
+// of itself on one thread.
+static inline void aotc_pool_account(aotc_pool& p, int64_t chunks, int64_t mine, int64_t busy_ns, int64_t wait_ns) {
+  const int64_t per = mine > 0 ? busy_ns / mine : 0;
+  p.gain_ns += (chunks - mine) * per;
+  const int64_t lost = wait_ns - per - AOTC_POOL_SLACK_NS;
+  if (lost <= 0) return;
+  p.loss_ns += lost;
+  p.stats.stalls += 1;
+  if (!p.fixed && p.width > 1 && p.loss_ns > p.gain_ns) p.width = 1;  // inside a call only
+}
+
+template <class F>
+static void aotc_pool_trampoline(void* ctx, int64_t c, int slot) {
+  (*static_cast<F*>(ctx))(c, slot);
+}
+
+// Threads the current call may use: the setting, narrowed by the policy (1 while it runs solo).
+static inline int aotc_pool_threads() {
+  aotc_pool& p = aotc_the_pool();
+  if (aotc_pool_inside) return 1;
+  if (p.width > 0) return p.width;
+  return p.want > 0 ? p.want : aotc_default_threads();
+}
+
+// Run f(chunk, slot) for every chunk in [0, chunks) on up to ``threads`` threads; slot < threads names
+// the thread (0: the caller), for per-thread scratch. Returns when every chunk is done.
+template <class F>
+static void aotc_pool_run(int64_t chunks, int threads, F&& f) {
+  aotc_pool& p = aotc_the_pool();
+  const int most = aotc_pool_threads();
+  threads = threads < most ? threads : most;
+  if (threads > chunks) threads = (int)chunks;
+  if (threads > 1) threads = aotc_pool_grow(p, threads);
+  if (threads <= 1 || chunks > AOTC_POOL_CHUNKS_MAX) {
+    struct inside {  // restored also when f throws
+      const bool was = aotc_pool_inside;
+      inside() { aotc_pool_inside = true; }
+      ~inside() { aotc_pool_inside = was; }
+    } mark;
+    for (int64_t c = 0; c < chunks; ++c) f(c, 0);
+    return;
+  }
+  typedef typename std::remove_reference<F>::type Fn;
+  p.fn = aotc_pool_trampoline<Fn>;
+  p.ctx = (void*)std::addressof(f);
+  p.done.store(0, std::memory_order_relaxed);
+  p.failed.store(0, std::memory_order_relaxed);
+  const uint32_t gen = (aotc_job_gen(p.job.load()) + 1) & ((1u << AOTC_POOL_NBITS) - 1);
+  p.job.store(aotc_job_pack(gen, (uint64_t)threads, (uint64_t)chunks, 0));  // seq_cst: before the reads below
+  for (int i = 1; i < threads; ++i)
+    if (p.workers[i].sleeping.load()) {
+      p.workers[i].wake.fetch_add(1);
+      aotc_futex_wake(&p.workers[i].wake, 1);
+    }
+  p.stats.loops += 1;
+  aotc_pool_inside = true;
+  const int64_t t0 = aotc_now_ns();
+  int64_t mine = 0;
+  int64_t n = 0;
+  for (int64_t c; (c = aotc_pool_claim(p, gen, &n)) >= 0; ++mine) aotc_pool_chunk(p, c, chunks, 0);
+  const int64_t t1 = aotc_now_ns();
+  for (int64_t i = 1; p.done.load() < (uint32_t)chunks; ++i) {
+    if (i % 64 == 0 && aotc_now_ns() - t1 > AOTC_POOL_WAIT_SPIN_NS) {
+      p.caller_sleeping.store(1);
+      const uint32_t d = p.done.load();
+      if (d < (uint32_t)chunks) aotc_futex_wait(&p.done, d);
+      p.caller_sleeping.store(0);
+    }
+    aotc_cpu_relax();
+  }
+  aotc_pool_inside = false;
+  aotc_pool_account(p, chunks, mine, t1 - t0, aotc_now_ns() - t1);
+  if (p.failed.load()) std::rethrow_exception(p.error);
+}
+
+// Loop nests get one thread per this many elements (a loop's start-up costs a few microseconds), at most
+// the call's width; below it they run on the calling thread alone.
+#ifndef AOTC_PAR_MIN_WORK
+#define AOTC_PAR_MIN_WORK 16384
+#endif
+
+// Threads for a loop nest of ``work`` elements. Note: fewer threads for small nests, not only serial
+// below a threshold: tiny loops cost more in wake-ups than they save.
+static inline int aotc_threads_for(int64_t work) {
+  const int64_t most = aotc_pool_threads(), n = work / AOTC_PAR_MIN_WORK;
+  return (int)(n < 1 ? 1 : n < most ? n : most);
+}
+
+// A loop over ``n`` items holding ``work`` elements in all: body(lo, hi) runs items [lo, hi). Threads by
+// work (aotc_threads_for); chunks of at least AOTC_CHUNK_WORK elements, at most AOTC_CHUNKS_PER_THREAD
+// per thread.
+template <class F>
+static void aotc_parallel_for(int64_t n, int64_t work, F&& body) {
+  const int threads = n > 1 && work >= 2 * AOTC_PAR_MIN_WORK ? aotc_threads_for(work) : 1;
+  if (threads <= 1) {
+    if (n > 0) body((int64_t)0, n);
+    return;
+  }
+  int64_t chunks = work / AOTC_CHUNK_WORK;
+  const int64_t most = (int64_t)threads * AOTC_CHUNKS_PER_THREAD;
+  chunks = chunks < most ? chunks : most;
+  chunks = chunks < n ? chunks : n;
+  chunks = chunks > threads ? chunks : threads;
+  aotc_pool_run(chunks, threads, [&](int64_t c, int) { body(c * n / chunks, (c + 1) * n / chunks); });
+}
+
+// ---- calls: the settable thread count and the policy between calls ----------------------------------
+
+// n > 0: up to n threads, fewer while the extra ones do not get a core; 0: the default count (all the
+// process's cores or OMP_NUM_THREADS), adapting likewise; n < 0: exactly -n threads, never fewer.
+static inline void aotc_pool_set_threads(int32_t n) {
+  aotc_pool& p = aotc_the_pool();
+  p.fixed = n < 0;
+  p.want = n < 0 ? -n : n;
+}
+
+// Start a call: its width is the setting, or one thread while the policy holds calls solo.
+static inline void aotc_pool_begin_call() {
+  aotc_pool& p = aotc_the_pool();
+  p.width = p.want > 0 ? p.want : aotc_default_threads();
+  p.gain_ns = p.loss_ns = 0;
+  if (p.fixed || p.width <= 1) return;
+  if (p.solo_left > 0) {
+    p.solo_left -= 1;
+    p.stats.solo_calls += 1;
+    p.width = 1;
+    if (p.solo_left == 0) p.stats.probes += 1;  // the next call tries the workers again
+  }
+}
+
+// End a call. One that had to drop to one thread holds the next ``backoff`` calls on one thread and
+// doubles the backoff (up to AOTC_POOL_BACKOFF_MAX); ``backoff`` clean calls with workers in a row halve
+// it. So a stall in most calls (a core taken for good) keeps the workers asleep nearly always, and a
+// passing load costs a few probes.
+static inline void aotc_pool_end_call() {
+  aotc_pool& p = aotc_the_pool();
+  if (!p.fixed && p.width == 1 && p.loss_ns > 0) {
+    p.solo_left = p.backoff;
+    p.backoff = p.backoff * 2 < AOTC_POOL_BACKOFF_MAX ? p.backoff * 2 : AOTC_POOL_BACKOFF_MAX;
+    p.clean = 0;
+  } else if (p.width > 1 && ++p.clean >= p.backoff) {
+    p.backoff = p.backoff / 2 > 2 ? p.backoff / 2 : 2;
+    p.clean = 0;
+  }
+  p.width = 0;
+}
+
+struct aotc_pool_call {  // RAII: aotc_run's body is one call, also when a kernel throws
+  aotc_pool_call() { aotc_pool_begin_call(); }
+  ~aotc_pool_call() { aotc_pool_end_call(); }
+};
+
+#ifdef AOTC_SELFTEST_POOL
+#include <stdio.h>
+
+#include <stdexcept>
+#include <vector>
+
+// Every chunk runs exactly once, on a slot below the loop's width; returns the chunks workers ran.
+static void aotc_nap(long ns) {
+  const timespec ts = {ns / 1000000000, ns % 1000000000};
+  nanosleep(&ts, NULL);
+}
+
+// Every chunk runs exactly once (each napping ``nap`` ns), on a slot below the loop's width; returns the
+// chunks workers ran.
+static int64_t aotc_pool_check_once(int64_t chunks, int threads, int& fails, long nap = 0) {
+  std::vector<std::atomic<int>> hits(chunks);
+  std::atomic<int64_t> by_workers{0};
+  std::atomic<int> bad_slot{0};
+  aotc_pool_run(chunks, threads, [&](int64_t c, int slot) {
+    hits[c].fetch_add(1);
+    if (nap) aotc_nap(nap);
+    if (slot < 0 || slot >= threads) bad_slot.store(1);
+    if (slot) by_workers.fetch_add(1);
+  });
+  for (auto& h : hits) fails += h.load() != 1;
+  fails += bad_slot.load();
+  return by_workers.load();
+}
+
+int main() {
+  int fails = 0;
+  aotc_pool& p = aotc_the_pool();
+  for (int threads : {1, 2, 3, 4})
+    for (int64_t chunks : {1, 2, 3, 17, 1000, 100000}) aotc_pool_check_once(chunks, threads, fails);
+  // Chunks that wait (not compute) leave the caller's core free: the worker surely takes some of them.
+  std::atomic<int64_t> helped{0};
+  aotc_pool_run(200, 2, [&](int64_t, int slot) {
+    aotc_nap(2000000);
+    if (slot) helped.fetch_add(1);
+  });
+  if (helped.load() == 0) printf("the worker ran no chunk\n"), ++fails;
+  // A loop inside a chunk runs on that thread alone.
+  std::atomic<int> nested_bad{0};
+  aotc_pool_run(4, 2, [&](int64_t, int) {
+    aotc_pool_run(8, 2, [&](int64_t, int slot) { nested_bad.fetch_or(slot != 0); });
+    nested_bad.fetch_or(aotc_pool_threads() != 1);
+  });
+  fails += nested_bad.load();
+  // An exception in any chunk reaches the caller, after every chunk finished.
+  bool caught = false;
+  try {
+    aotc_pool_run(64, 2, [&](int64_t c, int) {
+      if (c == 63) throw std::runtime_error("chunk 63");
+    });
+  } catch (const std::runtime_error&) {
+    caught = true;
+  }
+  if (!caught) printf("the exception was lost\n"), ++fails;
+  // aotc_parallel_for covers [0, n) once, in order within each piece.
+  for (int64_t n : {1, 5, 1000, 123457}) {
+    std::vector<int> seen(n, 0);
+    aotc_parallel_for(n, n * 64, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) seen[i] += 1;
+    });
+    for (int v : seen) fails += v != 1;
+  }
+  // The policy: a worker descheduled inside its chunks (simulated: it sleeps 60 ms in each) costs the
+  // call one wait; the rest of the call and the next ``backoff`` calls run on the caller alone; then a
+  // probe call uses the workers again.
+  aotc_pool_set_threads(2);
+  p.test_worker_delay_ns = 60000000;
+  const int64_t backoff = p.backoff;
+  int64_t worker_chunks_after_drop = 0;
+  {
+    aotc_pool_call call;
+    // The caller's chunks wait until the worker holds one, then finish at once: the caller runs out of
+    // chunks and waits ~60 ms for the worker's.
+    std::atomic<bool> worker_in{false};
+    aotc_pool_run(2000, 2, [&](int64_t, int slot) {
+      if (slot) worker_in.store(true);
+      while (!slot && !worker_in.load()) aotc_nap(300000);
+    });
+    if (!worker_in.load()) printf("the worker never started (a very busy machine?)\n"), ++fails;
+    if (aotc_pool_threads() != 1) printf("no drop to one thread after a stall\n"), ++fails;
+    for (int i = 0; i < 5; ++i) worker_chunks_after_drop += aotc_pool_check_once(64, 2, fails, 1000);
+  }
+  fails += worker_chunks_after_drop != 0;
+  for (int64_t i = 0; i < backoff; ++i) {
+    aotc_pool_call call;
+    if (aotc_pool_threads() != 1) printf("call %ld after the stall is not solo\n", (long)i), ++fails;
+  }
+  {
+    aotc_pool_call call;
+    if (aotc_pool_threads() != 2) printf("no probe after the backoff\n"), ++fails;
+  }
+  if (p.backoff != 2 * backoff) printf("backoff %ld, expected %ld\n", (long)p.backoff, (long)(2 * backoff)), ++fails;
+  // A fixed count never drops.
+  aotc_pool_set_threads(-2);
+  {
+    aotc_pool_call call;
+    std::atomic<bool> worker_in{false};
+    aotc_pool_run(2000, 2, [&](int64_t, int slot) {
+      if (slot) worker_in.store(true);
+      while (!slot && !worker_in.load()) aotc_nap(300000);
+    });
+    if (p.stats.stalls < 2) printf("no second stall\n"), ++fails;
+    if (aotc_pool_threads() != 2) printf("a fixed count dropped\n"), ++fails;
+  }
+  p.test_worker_delay_ns = 0;
+  if (fails) printf("%d failures\n", fails);
+  return fails != 0;
+}
+#endif
+
+#endif  // AOTC_POOL_H
