@@ -211,14 +211,14 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
     const int64_t chw = s.C * s.H * s.W;
     T* xt = static_cast<T*>(aligned_alloc(64, (size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
     if (xt == NULL) throw std::bad_alloc();
-    const bool par = !omp_in_parallel() && s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
-#pragma omp parallel for collapse(2) schedule(static) if (par)
-    for (int64_t n = 0; n < s.N; ++n)
-      for (int64_t h = 0; h < s.H; ++h)
-        for (int64_t w = 0; w < s.W; ++w)
-          for (int64_t c = 0; c < s.C; ++c)
-            xt[n * chw + (h * s.W + w) * s.C + c] =
-                (T)aotc_elem<SX>::load(x, xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2 + w * xs.s3);
+    const bool par = s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
+    aotc_pool_run(s.N * s.H, par ? aotc_pool_threads() : 1, [&](int64_t nh, int) {
+      const int64_t n = nh / s.H, h = nh % s.H;
+      for (int64_t w = 0; w < s.W; ++w)
+        for (int64_t c = 0; c < s.C; ++c)
+          xt[n * chw + (h * s.W + w) * s.C + c] =
+              (T)aotc_elem<SX>::load(x, xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2 + w * xs.s3);
+    });
     try {
       aotc_conv2d_packed<T, NV>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
     } catch (...) {
@@ -230,7 +230,7 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   }
   const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
   const double flops = 2.0 * (double)s.N * (double)P * (double)s.O * (double)(taps * s.C > 0 ? taps * s.C : 1);
-  const int64_t most = omp_get_max_threads();
+  const int64_t most = aotc_pool_threads();
   const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
   // Blocks: MB pixels x NB channels, narrowed (pixels first: each block re-reads the weight panel from
   // cache, not from the input) until there are a few tasks per thread the work pays for.
@@ -241,7 +241,7 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
                     xs.s2 == s.W * xs.s3;
   const int64_t pblocks = (P + MB - 1) / MB, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
-  const int nthreads = omp_in_parallel() ? 1 : aotc_mm_threads(flops, tasks);
+  const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(flops, tasks);
   // per thread: the tile, then the indirection pointers
   const int64_t a_elems = aotc_roundup(MB * taps * (int64_t)sizeof(void*), 64) / (int64_t)sizeof(T);
   const int64_t per = aotc_roundup(MB * NB + a_elems, 64 / (int64_t)sizeof(T));
@@ -252,9 +252,8 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
     free(zero);
     throw std::bad_alloc();
   }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
+  aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
+    T* tile = ws_all + (int64_t)slot * per;
     T* abuf = tile + MB * NB;
     const int64_t n = task / (pblocks * oblocks), pi = task / oblocks % pblocks, oi = task % oblocks;
     const int64_t p0 = pi * MB, pb = aotc_mm_min(P - p0, MB), o0 = oi * NB, ob = aotc_mm_min(s.O - o0, NB);
@@ -283,7 +282,7 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
         aotc_conv_micro<T, MR, NV>(taps, s.C, ind + si * taps * MR, bp, tile + si * MR * nbp + js, nbp);
     }
     epi(n, p0, pb, o0, ob, (const T*)tile, nbp);
-  }
+  });
   free(zero);
   free(ws_all);
 }
@@ -303,16 +302,15 @@ void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, 
   const int64_t CB = aotc_mm_min(aotc_roundup(C, L), AOTC_CONV_DW_CB), cblocks = (C + CB - 1) / CB;
   const int64_t tasks = s.N * s.OH * cblocks;
   const double work = (double)s.N * (double)s.OH * (double)s.OW * (double)C * (double)taps;
-  const int nthreads = omp_in_parallel() ? 1 : aotc_mm_threads(2.0 * work, tasks);
+  const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(2.0 * work, tasks);
   const int64_t per = aotc_roundup(s.OW * CB, 64 / (int64_t)sizeof(T));  // a tile per thread, then tap offsets
   const size_t bytes = (size_t)(per * nthreads) * sizeof(T) + (size_t)(2 * taps * nthreads) * sizeof(int64_t);
   T* ws_all = static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64));
   if (ws_all == NULL) throw std::bad_alloc();
   int64_t* offs_all = reinterpret_cast<int64_t*>(ws_all + per * nthreads);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    T* tile = ws_all + (int64_t)omp_get_thread_num() * per;
-    int64_t* xoff = offs_all + (int64_t)omp_get_thread_num() * 2 * taps;
+  aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
+    T* tile = ws_all + (int64_t)slot * per;
+    int64_t* xoff = offs_all + (int64_t)slot * 2 * taps;
     int64_t* woff = xoff + taps;
     const int64_t n = task / (s.OH * cblocks), oh = task / cblocks % s.OH, c0 = task % cblocks * CB;
     const int64_t cb = aotc_mm_min(C - c0, CB), cv = cb / L * L;
@@ -346,7 +344,7 @@ void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, 
       }
     }
     epi(n, oh * s.OW, s.OW, c0, cb, (const T*)tile, CB);
-  }
+  });
   free(ws_all);
 }
 
