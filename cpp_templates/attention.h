@@ -168,8 +168,8 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
   const bool v_direct = std::is_same<SV, float>::value && sve == 1 && Ev % vl == 0;
   const double flops = 2.0 * (double)nbatch * (double)L * (double)S * (double)(E + Ev);
   const bool par = flops >= AOTC_ATTN_MIN_PAR_FLOPS;
-  // per thread: Q^T, transposed scores, V block, output rows, running max, sum, block max and rescale
-  const int64_t per = E * MB + NB * MB + (v_direct ? 0 : NB * evp) + MB * evp + 4 * MB + 16;
+  // per thread: Q^T, transposed scores, V block, output rows, running max, sum, block max, rescale, mask bias
+  const int64_t per = E * MB + NB * MB + (v_direct ? 0 : NB * evp) + MB * evp + 5 * MB + 16;
   // one task: query block l0 of batch position b, in a thread's workspace ``ws`` of ``per`` floats
   auto task = [&](int64_t t, float* ws) {
     float* qt = ws;
@@ -180,14 +180,25 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
     float* sum = mx + MB;
     float* top = sum + MB;
     float* alpha = top + MB;
+    float* bias = alpha + MB;
     const int64_t b = t / blocks, l0 = (t % blocks) * MB;
     const int64_t lb = L - l0 < MB ? L - l0 : MB, lbp = aotc_attn_roundup(lb, vl);
     const int64_t qo = qoff(b), ko = koff(b), vo = voff(b), mo = mask_kind ? moff(b) : 0;
-    for (int64_t r = 0; r < lbp; ++r) {  // Q^T, scaled; the padding queries are zeros (never output)
-      if (r < lb) {
-        for (int64_t e = 0; e < E; ++e) qt[e * lbp + r] = scale * (float)aotc_elem<SQ>::load(q, qo + (l0 + r) * sql + e * sqe);
-      } else {
-        for (int64_t e = 0; e < E; ++e) qt[e * lbp + r] = 0.0f;
+    for (int64_t e = 0; e < E; ++e) {  // Q^T, scaled; the padding queries are zeros (never output)
+      float* row = qt + e * lbp;
+      const int64_t at = qo + l0 * sql + e * sqe;
+#pragma omp simd
+      for (int64_t r = 0; r < lb; ++r) row[r] = scale * (float)aotc_elem<SQ>::load(q, at + r * sql);
+      for (int64_t r = lb; r < lbp; ++r) row[r] = 0.0f;
+    }
+    // a mask that varies along the queries only (sms == 0) is one bias per query for every key
+    const bool by_row = mask_kind != 0 && sms == 0 && sml != 0;
+    if (by_row) {
+#pragma omp simd
+      for (int64_t r = 0; r < lbp; ++r) {
+        const int64_t at = mo + (l0 + (r < lb ? r : 0)) * sml;
+        const float val = (float)aotc_elem<SM>::load(m, at);
+        bias[r] = mask_kind == 2 ? val : (val == 0 ? -INFINITY : 0.0f);
       }
     }
     memset(out, 0, sizeof(float) * lbp * evp);
@@ -204,9 +215,20 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
         for (int64_t j = 0; j < nb; ++j) {
           float* s = st + j * lbp;
           const int64_t key = j0 + j, mk = mo + key * sms;
-          if (mask_kind == 1 && sml == 0) {  // one value per key (a padding mask): the whole row
-            if (aotc_elem<SM>::load(m, mk) == 0)
+          if (by_row && mask_kind == 1) {
+#pragma omp simd
+            for (int64_t r = 0; r < lbp; ++r) s[r] = bias[r] != 0.0f ? -INFINITY : s[r];
+          } else if (by_row) {
+#pragma omp simd
+            for (int64_t r = 0; r < lbp; ++r) s[r] += bias[r];
+          } else if (sml == 0 && mask_kind != 0) {  // one value per key (a padding mask): the whole row
+            const float val = (float)aotc_elem<SM>::load(m, mk);
+            if (mask_kind == 1 && val == 0) {
               for (int64_t r = 0; r < lbp; ++r) s[r] = -INFINITY;
+            } else if (mask_kind == 2) {
+#pragma omp simd
+              for (int64_t r = 0; r < lbp; ++r) s[r] += val;
+            }
           } else if (mask_kind == 1) {
 #pragma omp simd
             for (int64_t r = 0; r < lb; ++r) s[r] = aotc_elem<SM>::load(m, mk + (l0 + r) * sml) == 0 ? -INFINITY : s[r];
@@ -286,7 +308,10 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
 #include <cstdio>
 #include <vector>
 
-static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool causal, int mask_kind) {
+// ``msl``/``mss``: the mask's strides along queries and keys (0: the mask is constant along that axis).
+static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool causal, int mask_kind,
+                              int64_t msl = -1, int64_t mss = 1) {
+  if (msl < 0) msl = S;
   const int64_t B = 2, H = 4, G = 2;
   std::vector<float> q(B * H * L * E), k(B * (H / G) * S * E), v(B * (H / G) * S * Ev), out(B * H * L * Ev, -1.0f);
   std::vector<float> add(L * S);
@@ -313,10 +338,10 @@ static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool 
   auto mo = [](int64_t) { return (int64_t)0; };
   if (mask_kind == 2)
     aotc_attention(B * H, L, S, E, Ev, scale, causal, 2, q.data(), qo, E, (int64_t)1, k.data(), ko, E, (int64_t)1,
-                   v.data(), vo, Ev, (int64_t)1, add.data(), mo, S, (int64_t)1, epi);
+                   v.data(), vo, Ev, (int64_t)1, add.data(), mo, msl, mss, epi);
   else
     aotc_attention(B * H, L, S, E, Ev, scale, causal, mask_kind, q.data(), qo, E, (int64_t)1, k.data(), ko, E,
-                   (int64_t)1, v.data(), vo, Ev, (int64_t)1, keep, mo, S, (int64_t)1, epi);
+                   (int64_t)1, v.data(), vo, Ev, (int64_t)1, keep, mo, msl, mss, epi);
   double worst = 0;
   for (int64_t b = 0; b < B * H; ++b) {
     const int64_t kvh = kv(b);
@@ -328,8 +353,8 @@ static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool 
         for (int64_t e = 0; e < E; ++e) s += (double)q[(b * L + l) * E + e] * k[(kvh * S + j) * E + e];
         s *= scale;
         bool in = !causal || j <= l;
-        if (mask_kind == 1) in = in && keep[l * S + j];
-        if (mask_kind == 2) s += add[l * S + j];
+        if (mask_kind == 1) in = in && keep[l * msl + j * mss];
+        if (mask_kind == 2) s += add[l * msl + j * mss];
         p[j] = in ? s : -INFINITY;
         top = p[j] > top ? p[j] : top;
       }
@@ -355,6 +380,10 @@ int main() {
   worst = std::fmax(worst, aotc_attn_check(150, 150, 64, 48, true, 0));
   worst = std::fmax(worst, aotc_attn_check(70, 300, 32, 64, true, 1));  // causal, S > L: top-left aligned
   worst = std::fmax(worst, aotc_attn_check(9, 7, 8, 8, false, 0));
+  worst = std::fmax(worst, aotc_attn_check(130, 140, 64, 64, false, 1, 1, 0));  // a mask along the queries
+  worst = std::fmax(worst, aotc_attn_check(130, 140, 64, 64, true, 2, 1, 0));
+  worst = std::fmax(worst, aotc_attn_check(30, 140, 16, 16, false, 1, 0, 1));  // along the keys (padding)
+  worst = std::fmax(worst, aotc_attn_check(30, 140, 16, 16, false, 2, 0, 1));
   return worst < 1e-4 ? 0 : 1;
 }
 #endif
