@@ -2,10 +2,12 @@
 
     python benchmarks/cpu_side_by_side.py [--models mlp,cnn,bert,mobilenet,gpt2_1,gpt2_4]
                                           [--out FILE.json] [--threads N] [--no-compile] [--no-extras]
+                                          [--target cpu:native|cpu:x86-64-v3|...]
 
 Every engine gets the same inputs and the same thread count (the machine's cores unless --threads);
 fp32; each round times 30 single calls and takes their median, three rounds interleave the engines,
-and the best round counts. aotc packages are built for cpu:native. The "vs best" ratio is the faster of
+and the best round counts. aotc packages are built for --target (cpu:native unless given; cpu:x86-64-v3
+runs the AVX2 code on an AVX-512 machine). The "vs best" ratio is the faster of
 ONNX Runtime and torch.compile divided by aotc (above 1: aotc is faster); the geomean is over models.
 Extras: the aotc matmul kernel at 2048^3 against torch.mm in the same process (GFLOP/s), and the cold
 start of the MLP package (new process -> import aotc -> load -> first output), idle and with another
@@ -122,7 +124,9 @@ MODELS: dict[str, tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]
 # ---- engines ---------------------------------------------------------------------------------------------
 
 
-def _aotc(model: nn.Module, x: torch.Tensor, name: str, work: Path, threads: int) -> tuple[Callable[[], object], dict]:
+def _aotc(
+    model: nn.Module, x: torch.Tensor, name: str, work: Path, threads: int, target: str = "cpu:native"
+) -> tuple[Callable[[], object], dict]:
     import aotc
     from aotc_build.build import build_captured
     from aotc_build.capture import capture_module
@@ -131,7 +135,7 @@ def _aotc(model: nn.Module, x: torch.Tensor, name: str, work: Path, threads: int
     t0 = time.perf_counter()
     cap = capture_module(model, (x,), name=name)
     pkg = work / f"{name}.pkg"
-    build_captured(cap, pkg, BuildOptions(targets=(parse_target("cpu:native"),), selftest=False))
+    build_captured(cap, pkg, BuildOptions(targets=(parse_target(target),), selftest=False))
     build_s = time.perf_counter() - t0
     m = aotc.load(pkg, device="cpu", num_threads=threads)
     xn = x.numpy()
@@ -171,7 +175,7 @@ def _close(got: object, want: torch.Tensor) -> float:
     return float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-6))
 
 
-def bench_model(key: str, threads: int, compile_: bool) -> dict:
+def bench_model(key: str, threads: int, compile_: bool, target: str = "cpu:native") -> dict:
     title, make, inputs = MODELS[key]
     torch.manual_seed(0)
     model, x = make().eval(), inputs()
@@ -193,7 +197,7 @@ def bench_model(key: str, threads: int, compile_: bool) -> dict:
         fns["onnxruntime"] = ort_fn
     except Exception as e:
         row["ort_note"] = f"{type(e).__name__}: {str(e)[:200]}"
-    aotc_fn, info = _aotc(model, x, key, work, threads)
+    aotc_fn, info = _aotc(model, x, key, work, threads, target)
     row.update(info)
     row["aotc_rel_err"] = _close(aotc_fn(), want)
     fns["aotc"] = aotc_fn
@@ -208,13 +212,13 @@ def bench_model(key: str, threads: int, compile_: bool) -> dict:
 # ---- extras ----------------------------------------------------------------------------------------------
 
 
-def bench_matmul(threads: int) -> dict:
+def bench_matmul(threads: int, target: str = "cpu:native") -> dict:
     """The aotc matmul kernel (through a one-matmul package) against torch.mm, 2048^3 fp32."""
     n = 2048
     torch.manual_seed(0)
     lin = nn.Linear(n, n, bias=False).eval()
     x = torch.randn(n, n)
-    fn, _ = _aotc(lin, x, "matmul2048", Path(tempfile.mkdtemp(prefix="side_")), threads)
+    fn, _ = _aotc(lin, x, "matmul2048", Path(tempfile.mkdtemp(prefix="side_")), threads, target)
     w = lin.weight.detach().t().contiguous()
     ms = _rounds({"aotc": fn, "torch.mm": lambda: torch.mm(x, w)})
     gf = {k: round(2 * n**3 / (v * 1e-3) / 1e9, 1) for k, v in ms.items()}
@@ -286,6 +290,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build on few cores)")
     ap.add_argument("--no-extras", action="store_true", help="skip the 2048^3 matmul and the cold start")
+    ap.add_argument("--target", default="cpu:native", help="the aotc package's CPU target (cpu:x86-64-v3: the AVX2 code)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cpu = _cpu()
@@ -293,20 +298,20 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
         "threads": args.threads, "versions": _versions(),
         "method": f"fp32; per engine the median of {CALLS} single calls; best of {ROUNDS} interleaved rounds; "
-                  "aotc built for cpu:native; best_peer_over_aotc = min(ORT, torch.compile) / aotc",
+                  f"aotc built for {args.target}; best_peer_over_aotc = min(ORT, torch.compile) / aotc",
         "rows": [], "notes": [], "loadavg_start": os.getloadavg(),
     }  # fmt: skip
     if args.no_compile:
         doc["notes"].append("torch.compile skipped (--no-compile)")
     for key in args.models.split(","):
-        row = bench_model(key.strip(), args.threads, not args.no_compile)
+        row = bench_model(key.strip(), args.threads, not args.no_compile, args.target)
         doc["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "package"}), flush=True)
     ratios = [r["best_peer_over_aotc"] for r in doc["rows"] if "best_peer_over_aotc" in r]
     if ratios:
         doc["geomean_best_peer_over_aotc"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
     if not args.no_extras:
-        doc["matmul_2048"] = bench_matmul(args.threads)
+        doc["matmul_2048"] = bench_matmul(args.threads, args.target)
         print(json.dumps(doc["matmul_2048"]), flush=True)
         mlp = next((r["package"] for r in doc["rows"] if r["model"] == "mlp"), None)
         if mlp is None:

@@ -1,20 +1,23 @@
 // Streaming (flash) attention with a fused epilogue: out[b, l, :] = softmax_j(q[l] . k[j] * scale (+ mask)) @ v.
 //
 // The L x S score matrix is never held: each task takes one batch position b (batch dims and the query
-// head, flattened) and a block of MB query rows, walks the keys in blocks of NB, and keeps a running row
-// maximum and sum (online softmax). Per key block it packs K transposed (E x NB) and V (NB x Ev, padded to
-// the vector width) into per-thread scratch, computes the MB x NB scores with a register-blocked
-// micro-kernel (rows x vectors of keys), turns them into probabilities in place, rescales the output
-// accumulator by exp(old max - new max) and adds P @ V with a second micro-kernel (rows x vectors of Ev).
-// When the keys are done, each row is divided by its sum (0 for a row with no key left: zeros, as torch
-// gives) and the epilogue functor gets the finished rows while they are in cache:
+// head, flattened) and a block of MB query rows, walks the keys in blocks of NB, and keeps a running
+// maximum and sum per query (online softmax). The task packs its query block once, transposed and scaled
+// (E x MB: queries along the vector lanes), then per key block computes the scores *transposed*,
+// st[j][r] = k[j] . q[r] (keys as the broadcast rows of a register-blocked micro-kernel, read straight
+// from K, so K is never packed), which makes the softmax a vertical walk over key rows with the queries
+// in the lanes: maxima, exps and sums need no horizontal reductions. The output accumulator (MB x Ev) is
+// rescaled by exp(old max - new max) and gets P @ V from the same micro-kernel (queries as the broadcast
+// rows, read from st down its columns; V rows read in place when they are contiguous floats, otherwise
+// packed). When the keys are done each row is divided by its sum (0 for a row with no key left: zeros,
+// as torch gives) and the epilogue functor gets the finished rows while they are in cache:
 //   epi(b, l0, lb, tile, ldt)  with  Acc(b, l, d) = tile[(l - l0) * ldt + d].
 // The epilogue runs inside the parallel region and must not throw.
 //
 // Operands are strided with a per-batch element offset from a functor (the k/v functors map a query head
 // to its kv head, so GQA reads k/v by index). mask_kind: 0 none, 1 bool (nonzero attends), 2 additive.
 // causal: row l attends to keys j <= l (top-left aligned); key blocks past the last row's diagonal are
-// skipped. Elements are widened to float while packing (16-bit floats arrive as the tags of matmul.h).
+// skipped. Elements are widened to float as they are read (16-bit floats arrive as the tags of matmul.h).
 //
 // Note: explicit FMA intrinsics, as in matmul.h: generated code is compiled with -ffp-contract=off.
 #ifndef AOTC_ATTENTION_H
@@ -26,6 +29,7 @@
 
 #include <cmath>
 #include <new>
+#include <type_traits>
 
 #if defined(__AVX__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -35,22 +39,24 @@
 #include "matmul.h"  // the 16-bit operand tags and aotc_elem
 
 #ifndef AOTC_ATTN_MB
-#define AOTC_ATTN_MB 64  // query rows per task (a multiple of AOTC_ATTN_MR)
+#define AOTC_ATTN_MB 64  // query rows per task (a multiple of the vector width)
 #endif
 #ifndef AOTC_ATTN_NB
-#define AOTC_ATTN_NB 64  // keys per block (a multiple of two vectors)
+#define AOTC_ATTN_NB 128  // keys per block
 #endif
 #ifndef AOTC_ATTN_MIN_PAR_FLOPS
 #define AOTC_ATTN_MIN_PAR_FLOPS 200000.0  // below this attention runs on one thread
 #endif
-#define AOTC_ATTN_MR 4  // rows per micro-kernel
 
 #if defined(__AVX512F__)
 #define AOTC_ATTN_VBYTES 64
+#define AOTC_ATTN_MR 8  // broadcast rows per micro-kernel: 8 x 2 accumulators of 32 zmm registers
 #elif defined(__AVX__)
 #define AOTC_ATTN_VBYTES 32
+#define AOTC_ATTN_MR 6  // 6 x 2 accumulators of 16 ymm registers
 #else
 #define AOTC_ATTN_VBYTES 16
+#define AOTC_ATTN_MR 4
 #endif
 
 typedef float aotc_attn_v __attribute__((vector_size(AOTC_ATTN_VBYTES)));
@@ -84,15 +90,15 @@ static inline aotc_attn_v aotc_attn_load(const float* p) {
 
 static inline void aotc_attn_store(float* p, aotc_attn_v v) { memcpy(p, &v, sizeof v); }
 
-// c[i][0 .. NV vectors) (+)= sum_k a[i * lda + k] * b[k * ldb + ...] for MR rows: the shared shape of
-// scores (a = q rows, b = K^T) and of P @ V (a = probabilities, b = V).
-template <int NV>
-static inline void aotc_attn_micro(int64_t kn, const float* __restrict a, int64_t lda, const float* __restrict b,
-                                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+// c[i][0 .. NV vectors) (+)= sum_k a[i * sai + k * sak] * b[k * ldb + ...] for R rows: the shared shape of
+// the transposed scores (a = K rows, b = Q^T) and of P @ V (a = P down the columns of st, b = V).
+template <int R, int NV, class S>
+static inline void aotc_attn_micro(int64_t kn, const S* __restrict a, int64_t sai, int64_t sak,
+                                   const float* __restrict b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   // fully unrolled so that the accumulators live in registers
-  aotc_attn_v acc[AOTC_ATTN_MR][NV];
+  aotc_attn_v acc[R][NV];
 #pragma GCC unroll 8
-  for (int i = 0; i < AOTC_ATTN_MR; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j)
       acc[i][j] = accumulate ? aotc_attn_load(c + i * ldc + j * aotc_attn_vl) : aotc_attn_set1(0.0f);
@@ -101,28 +107,47 @@ static inline void aotc_attn_micro(int64_t kn, const float* __restrict a, int64_
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) bv[j] = aotc_attn_load(b + k * ldb + j * aotc_attn_vl);
 #pragma GCC unroll 8
-    for (int i = 0; i < AOTC_ATTN_MR; ++i) {
-      const aotc_attn_v av = aotc_attn_set1(a[i * lda + k]);
+    for (int i = 0; i < R; ++i) {
+      const aotc_attn_v av = aotc_attn_set1((float)aotc_elem<S>::load(a, i * sai + k * sak));
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[i][j] = aotc_attn_fma(av, bv[j], acc[i][j]);
     }
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < AOTC_ATTN_MR; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) aotc_attn_store(c + i * ldc + j * aotc_attn_vl, acc[i][j]);
 }
 
-// c (rows x cols, cols a multiple of the vector width) (+)= a (rows x kn) @ b (kn x cols), rows % MR == 0.
-static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const float* a, int64_t lda,
+// All columns (a multiple of the vector width) of R rows.
+template <int R, class S>
+static inline void aotc_attn_rows(int64_t cols, int64_t kn, const S* a, int64_t sai, int64_t sak, const float* b,
+                                  int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  int64_t j = 0;
+  for (; j + 2 * aotc_attn_vl <= cols; j += 2 * aotc_attn_vl)
+    aotc_attn_micro<R, 2>(kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate);
+  for (; j < cols; j += aotc_attn_vl) aotc_attn_micro<R, 1>(kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate);
+}
+
+// The last ``rows`` (< MR) rows.
+template <class S, int R = AOTC_ATTN_MR - 1>
+static inline void aotc_attn_tail(int64_t rows, int64_t cols, int64_t kn, const S* a, int64_t sai, int64_t sak,
                                   const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  for (int64_t i = 0; i < rows; i += AOTC_ATTN_MR) {
-    int64_t j = 0;
-    for (; j + 2 * aotc_attn_vl <= cols; j += 2 * aotc_attn_vl)
-      aotc_attn_micro<2>(kn, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
-    for (; j < cols; j += aotc_attn_vl)
-      aotc_attn_micro<1>(kn, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
+  if constexpr (R >= 1) {
+    if (rows == R) return aotc_attn_rows<R>(cols, kn, a, sai, sak, b, ldb, c, ldc, accumulate);
+    aotc_attn_tail<S, R - 1>(rows, cols, kn, a, sai, sak, b, ldb, c, ldc, accumulate);
   }
+}
+
+// c (rows x cols, cols a multiple of the vector width) (+)= A (rows x kn, element (i, k) at a[i * sai +
+// k * sak]) @ b (kn x cols).
+template <class S>
+static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const S* a, int64_t sai, int64_t sak,
+                                  const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  int64_t i = 0;
+  for (; i + AOTC_ATTN_MR <= rows; i += AOTC_ATTN_MR)
+    aotc_attn_rows<AOTC_ATTN_MR>(cols, kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
+  if (i < rows) aotc_attn_tail<S>(rows - i, cols, kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
 }
 
 static inline int64_t aotc_attn_roundup(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -132,134 +157,208 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
                            int mask_kind, const SQ* q, OffQ qoff, int64_t sql, int64_t sqe, const SK* k, OffK koff,
                            int64_t sks, int64_t ske, const SV* v, OffV voff, int64_t svs, int64_t sve, const SM* m,
                            OffM moff, int64_t sml, int64_t sms, Epi epi) {
-  const int64_t MB = AOTC_ATTN_MB, NB = AOTC_ATTN_NB;
-  const int64_t evp = aotc_attn_roundup(Ev > 0 ? Ev : 1, aotc_attn_vl);
+  const int64_t vl = aotc_attn_vl;
+  const int64_t MB = aotc_attn_roundup(AOTC_ATTN_MB, vl), NB = AOTC_ATTN_NB;
+  const int64_t evp = aotc_attn_roundup(Ev > 0 ? Ev : 1, vl);
   const int64_t blocks = (L + MB - 1) / MB;
   const int64_t tasks = nbatch * blocks;
   if (tasks <= 0) return;
+  // V rows are read in place when they are contiguous floats of whole vectors, otherwise packed per block.
+  const bool v_direct = std::is_same<SV, float>::value && sve == 1 && Ev % vl == 0;
   const double flops = 2.0 * (double)nbatch * (double)L * (double)S * (double)(E + Ev);
   const bool par = flops >= AOTC_ATTN_MIN_PAR_FLOPS;
-  // per thread: q rows, K^T block, V block, scores, output rows, row max and sum
-  const int64_t per = MB * E + E * NB + NB * evp + MB * NB + MB * evp + 2 * MB + 16;
+  // per thread: Q^T, transposed scores, V block, output rows, running max, sum, block max, rescale, mask bias
+  const int64_t per = E * MB + NB * MB + (v_direct ? 0 : NB * evp) + MB * evp + 5 * MB + 16;
+  // one task: query block l0 of batch position b, in a thread's workspace ``ws`` of ``per`` floats
+  auto task = [&](int64_t t, float* ws) {
+    float* qt = ws;
+    float* st = qt + E * MB;
+    float* vb = st + NB * MB;
+    float* out = vb + (v_direct ? 0 : NB * evp);
+    float* mx = out + MB * evp;
+    float* sum = mx + MB;
+    float* top = sum + MB;
+    float* alpha = top + MB;
+    float* bias = alpha + MB;
+    const int64_t b = t / blocks, l0 = (t % blocks) * MB;
+    const int64_t lb = L - l0 < MB ? L - l0 : MB, lbp = aotc_attn_roundup(lb, vl);
+    const int64_t qo = qoff(b), ko = koff(b), vo = voff(b), mo = mask_kind ? moff(b) : 0;
+    for (int64_t e = 0; e < E; ++e) {  // Q^T, scaled; the padding queries are zeros (never output)
+      float* row = qt + e * lbp;
+      const int64_t at = qo + l0 * sql + e * sqe;
+#pragma omp simd
+      for (int64_t r = 0; r < lb; ++r) row[r] = scale * (float)aotc_elem<SQ>::load(q, at + r * sql);
+      for (int64_t r = lb; r < lbp; ++r) row[r] = 0.0f;
+    }
+    // a mask that varies along the queries only (sms == 0) is one bias per query for every key
+    const bool by_row = mask_kind != 0 && sms == 0 && sml != 0;
+    if (by_row) {
+#pragma omp simd
+      for (int64_t r = 0; r < lbp; ++r) {
+        const int64_t at = mo + (l0 + (r < lb ? r : 0)) * sml;
+        const float val = (float)aotc_elem<SM>::load(m, at);
+        bias[r] = mask_kind == 2 ? val : (val == 0 ? -INFINITY : 0.0f);
+      }
+    }
+    memset(out, 0, sizeof(float) * lbp * evp);
+    for (int64_t r = 0; r < lbp; ++r) {
+      mx[r] = -INFINITY;
+      sum[r] = 0.0f;
+    }
+    const int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
+    for (int64_t j0 = 0; j0 < hi; j0 += NB) {
+      const int64_t nb = hi - j0 < NB ? hi - j0 : NB;
+      // st[j][r] = k[j0 + j] . q[l0 + r] * scale
+      aotc_attn_gemm<SK>(nb, lbp, E, k + ko + j0 * sks, sks, ske, qt, lbp, st, lbp, false);
+      if (mask_kind || (causal && j0 + nb > l0 + 1)) {
+        for (int64_t j = 0; j < nb; ++j) {
+          float* s = st + j * lbp;
+          const int64_t key = j0 + j, mk = mo + key * sms;
+          if (by_row && mask_kind == 1) {
+#pragma omp simd
+            for (int64_t r = 0; r < lbp; ++r) s[r] = bias[r] != 0.0f ? -INFINITY : s[r];
+          } else if (by_row) {
+#pragma omp simd
+            for (int64_t r = 0; r < lbp; ++r) s[r] += bias[r];
+          } else if (sml == 0 && mask_kind != 0) {  // one value per key (a padding mask): the whole row
+            const float val = (float)aotc_elem<SM>::load(m, mk);
+            if (mask_kind == 1 && val == 0) {
+              for (int64_t r = 0; r < lbp; ++r) s[r] = -INFINITY;
+            } else if (mask_kind == 2) {
+#pragma omp simd
+              for (int64_t r = 0; r < lbp; ++r) s[r] += val;
+            }
+          } else if (mask_kind == 1) {
+#pragma omp simd
+            for (int64_t r = 0; r < lb; ++r) s[r] = aotc_elem<SM>::load(m, mk + (l0 + r) * sml) == 0 ? -INFINITY : s[r];
+          } else if (mask_kind == 2) {
+#pragma omp simd
+            for (int64_t r = 0; r < lb; ++r) s[r] += (float)aotc_elem<SM>::load(m, mk + (l0 + r) * sml);
+          }
+          if (causal) {
+            const int64_t first = key - l0;  // rows r < first see keys only up to l0 + r < key
+#pragma omp simd
+            for (int64_t r = 0; r < lbp; ++r) s[r] = r < first ? -INFINITY : s[r];
+          }
+        }
+      }
+      // the online softmax, queries in the lanes
+#pragma omp simd
+      for (int64_t r = 0; r < lbp; ++r) top[r] = mx[r];
+      for (int64_t j = 0; j < nb; ++j) {
+        const float* s = st + j * lbp;
+#pragma omp simd
+        for (int64_t r = 0; r < lbp; ++r) top[r] = s[r] > top[r] ? s[r] : top[r];
+      }
+#pragma omp simd
+      for (int64_t r = 0; r < lbp; ++r) {
+        // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0
+        const float base = top[r] == -INFINITY ? 0.0f : top[r];
+        alpha[r] = aotc_exp(mx[r] - base);
+        mx[r] = top[r];
+        top[r] = base;
+        sum[r] *= alpha[r];
+      }
+      for (int64_t j = 0; j < nb; ++j) {
+        float* s = st + j * lbp;
+#pragma omp simd
+        for (int64_t r = 0; r < lbp; ++r) {
+          s[r] = aotc_exp(s[r] - top[r]);
+          sum[r] += s[r];
+        }
+      }
+      for (int64_t r = 0; r < lb; ++r) {
+        if (alpha[r] != 1.0f) {
+          float* o = out + r * evp;
+          const float a = alpha[r];
+#pragma omp simd
+          for (int64_t d = 0; d < evp; ++d) o[d] *= a;
+        }
+      }
+      if (!v_direct) {
+        for (int64_t j = 0; j < nb; ++j)
+          for (int64_t d = 0; d < evp; ++d)
+            vb[j * evp + d] = d < Ev ? (float)aotc_elem<SV>::load(v, vo + (j0 + j) * svs + d * sve) : 0.0f;
+      }
+      const float* vp = v_direct ? reinterpret_cast<const float*>(v) + vo + j0 * svs : vb;
+      // out[r] += sum_j st[j][r] * v[j]
+      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vp, v_direct ? svs : evp, out, evp, true);
+    }
+    for (int64_t r = 0; r < lb; ++r) {
+      const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+      float* o = out + r * evp;
+#pragma omp simd
+      for (int64_t d = 0; d < evp; ++d) o[d] *= inv;
+    }
+    epi(b, l0, lb, (const float*)out, evp);
+  };
   const int nthreads = par ? aotc_pool_threads() : 1;
   const int64_t per_slot = aotc_attn_roundup(per, 16);
   float* ws_all = static_cast<float*>(aligned_alloc(64, (size_t)(per_slot * nthreads) * sizeof(float)));
   if (ws_all == NULL) throw std::bad_alloc();
-  aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) {
-    float* ws = ws_all + slot * per_slot;
-    float* qs = ws;
-    float* kt = qs + MB * E;
-    float* vb = kt + E * NB;
-    float* sc = vb + NB * evp;
-    float* out = sc + MB * NB;
-    float* mx = out + MB * evp;
-    float* sum = mx + MB;
-    {
-      const int64_t b = t / blocks, l0 = (t % blocks) * MB;
-      const int64_t lb = L - l0 < MB ? L - l0 : MB;
-      const int64_t qo = qoff(b), ko = koff(b), vo = voff(b), mo = mask_kind ? moff(b) : 0;
-      for (int64_t r = 0; r < MB; ++r)
-        for (int64_t e = 0; e < E; ++e)
-          qs[r * E + e] = r < lb ? scale * (float)aotc_elem<SQ>::load(q, qo + (l0 + r) * sql + e * sqe) : 0.0f;
-      memset(out, 0, sizeof(float) * MB * evp);
-      for (int64_t r = 0; r < MB; ++r) {
-        mx[r] = -INFINITY;
-        sum[r] = 0.0f;
-      }
-      const int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
-      for (int64_t j0 = 0; j0 < hi; j0 += NB) {
-        const int64_t nb = hi - j0 < NB ? hi - j0 : NB;
-        for (int64_t j = 0; j < NB; ++j)  // read along rows of K (contiguous e), write K^T
-          for (int64_t e = 0; e < E; ++e)
-            kt[e * NB + j] = j < nb ? (float)aotc_elem<SK>::load(k, ko + (j0 + j) * sks + e * ske) : 0.0f;
-        for (int64_t j = 0; j < NB; ++j)
-          for (int64_t d = 0; d < evp; ++d)
-            vb[j * evp + d] = j < nb && d < Ev ? (float)aotc_elem<SV>::load(v, vo + (j0 + j) * svs + d * sve) : 0.0f;
-        aotc_attn_gemm(MB, NB, E, qs, E, kt, NB, sc, NB, false);
-        for (int64_t r = 0; r < lb; ++r) {
-          float* s = sc + r * NB;
-          const int64_t row = l0 + r;
-          if (mask_kind || nb < NB || (causal && j0 + NB > row)) {
-            for (int64_t j = 0; j < NB; ++j) {
-              bool keep = j < nb && (!causal || j0 + j <= row);
-              if (keep && mask_kind == 1) keep = aotc_elem<SM>::load(m, mo + row * sml + (j0 + j) * sms) != 0;
-              if (keep && mask_kind == 2) s[j] += (float)aotc_elem<SM>::load(m, mo + row * sml + (j0 + j) * sms);
-              if (!keep) s[j] = -INFINITY;
-            }
-          }
-          float top = mx[r];
-#pragma omp simd reduction(max : top)
-          for (int64_t j = 0; j < NB; ++j) top = s[j] > top ? s[j] : top;
-          if (top == -INFINITY) {  // nothing attended yet: this block adds nothing to the row
-            memset(s, 0, sizeof(float) * NB);
-            continue;
-          }
-          const float alpha = aotc_exp(mx[r] - top);
-          mx[r] = top;
-          float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-          for (int64_t j = 0; j < NB; ++j) {
-            s[j] = aotc_exp(s[j] - top);
-            total += s[j];
-          }
-          sum[r] = sum[r] * alpha + total;
-          if (alpha != 1.0f) {
-            float* o = out + r * evp;
-#pragma omp simd
-            for (int64_t d = 0; d < evp; ++d) o[d] *= alpha;
-          }
-        }
-        aotc_attn_gemm(MB, evp, nb, sc, NB, vb, evp, out, evp, true);
-      }
-      for (int64_t r = 0; r < lb; ++r) {
-        const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
-        float* o = out + r * evp;
-#pragma omp simd
-        for (int64_t d = 0; d < evp; ++d) o[d] *= inv;
-      }
-      epi(b, l0, lb, (const float*)out, evp);
-    }
-  });
+  try {
+    aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) { task(t, ws_all + slot * per_slot); });
+  } catch (...) {
+    free(ws_all);
+    throw;
+  }
   free(ws_all);
 }
 
 #ifdef AOTC_SELFTEST_ATTENTION
-// g++ -DAOTC_SELFTEST_ATTENTION -x c++ attention.h: causal GQA attention with a bool mask against a naive loop.
+// g++ -DAOTC_SELFTEST_ATTENTION -x c++ attention.h: GQA attention against a naive loop, at shapes that take
+// one block and several (query blocks, key blocks, partial vectors), causal or not, with each mask kind.
 #include <cstdio>
 #include <vector>
 
-int main() {
-  const int64_t B = 2, H = 4, G = 2, L = 37, S = 45, E = 24, Ev = 20;
+// ``msl``/``mss``: the mask's strides along queries and keys (0: the mask is constant along that axis).
+static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool causal, int mask_kind,
+                              int64_t msl = -1, int64_t mss = 1) {
+  if (msl < 0) msl = S;
+  const int64_t B = 2, H = 4, G = 2;
   std::vector<float> q(B * H * L * E), k(B * (H / G) * S * E), v(B * (H / G) * S * Ev), out(B * H * L * Ev, -1.0f);
-  std::vector<bool> keepv(L * S);
-  bool* mask = new bool[L * S];
+  std::vector<float> add(L * S);
+  bool* keep = new bool[L * S];
   unsigned x = 12345;
   auto rnd = [&]() { return (x = x * 1103515245u + 12345u, (float)((x >> 9) % 2000) / 1000.0f - 1.0f); };
   for (auto& a : q) a = rnd();
   for (auto& a : k) a = rnd();
   for (auto& a : v) a = rnd();
-  for (int64_t i = 0; i < L * S; ++i) mask[i] = rnd() > -0.6f || i % S == 0;
-  for (int64_t j = 0; j < S; ++j) mask[5 * S + j] = false;  // row 5 attends to nothing: zeros
+  for (int64_t i = 0; i < L * S; ++i) {
+    keep[i] = rnd() > -0.6f || i % S == 0;
+    add[i] = 2.0f * rnd();
+  }
+  for (int64_t j = 0; j < S; ++j) keep[5 * S + j] = false;  // row 5 attends to nothing: zeros
   const float scale = 0.3f;
-  aotc_attention(
-      B * H, L, S, E, Ev, scale, true, 1, q.data(), [&](int64_t b) { return b * L * E; }, E, (int64_t)1, k.data(),
-      [&](int64_t b) { return ((b / H) * (H / G) + (b % H) / G) * S * E; }, E, (int64_t)1, v.data(),
-      [&](int64_t b) { return ((b / H) * (H / G) + (b % H) / G) * S * Ev; }, Ev, (int64_t)1, mask,
-      [](int64_t) { return (int64_t)0; }, S, (int64_t)1,
-      [&](int64_t b, int64_t l0, int64_t lb, const float* tile, int64_t ldt) {
-        for (int64_t l = l0; l < l0 + lb; ++l)
-          for (int64_t d = 0; d < Ev; ++d) out[(b * L + l) * Ev + d] = tile[(l - l0) * ldt + d];
-      });
+  auto kv = [=](int64_t b) { return (b / H) * (H / G) + (b % H) / G; };
+  auto epi = [&](int64_t b, int64_t l0, int64_t lb, const float* tile, int64_t ldt) {
+    for (int64_t l = l0; l < l0 + lb; ++l)
+      for (int64_t d = 0; d < Ev; ++d) out[(b * L + l) * Ev + d] = tile[(l - l0) * ldt + d];
+  };
+  auto qo = [=](int64_t b) { return b * L * E; };
+  auto ko = [=](int64_t b) { return kv(b) * S * E; };
+  auto vo = [=](int64_t b) { return kv(b) * S * Ev; };
+  auto mo = [](int64_t) { return (int64_t)0; };
+  if (mask_kind == 2)
+    aotc_attention(B * H, L, S, E, Ev, scale, causal, 2, q.data(), qo, E, (int64_t)1, k.data(), ko, E, (int64_t)1,
+                   v.data(), vo, Ev, (int64_t)1, add.data(), mo, msl, mss, epi);
+  else
+    aotc_attention(B * H, L, S, E, Ev, scale, causal, mask_kind, q.data(), qo, E, (int64_t)1, k.data(), ko, E,
+                   (int64_t)1, v.data(), vo, Ev, (int64_t)1, keep, mo, msl, mss, epi);
   double worst = 0;
   for (int64_t b = 0; b < B * H; ++b) {
-    const int64_t kvh = (b / H) * (H / G) + (b % H) / G;
+    const int64_t kvh = kv(b);
     for (int64_t l = 0; l < L; ++l) {
       std::vector<double> p(S);
       double top = -INFINITY, total = 0;
       for (int64_t j = 0; j < S; ++j) {
         double s = 0;
         for (int64_t e = 0; e < E; ++e) s += (double)q[(b * L + l) * E + e] * k[(kvh * S + j) * E + e];
-        p[j] = (j <= l && mask[l * S + j]) ? s * scale : -INFINITY;
+        s *= scale;
+        bool in = !causal || j <= l;
+        if (mask_kind == 1) in = in && keep[l * msl + j * mss];
+        if (mask_kind == 2) s += add[l * msl + j * mss];
+        p[j] = in ? s : -INFINITY;
         top = p[j] > top ? p[j] : top;
       }
       for (int64_t j = 0; j < S; ++j) total += p[j] = top == -INFINITY ? 0 : std::exp(p[j] - top);
@@ -272,8 +371,22 @@ int main() {
       }
     }
   }
-  delete[] mask;
-  std::printf("attention self-test: max error %g\n", worst);
+  delete[] keep;
+  std::printf("attention self-test L %ld S %ld E %ld Ev %ld causal %d mask %d: max error %g\n", (long)L, (long)S,
+              (long)E, (long)Ev, (int)causal, mask_kind, worst);
+  return worst;
+}
+
+int main() {
+  double worst = aotc_attn_check(37, 45, 24, 20, true, 1);
+  worst = std::fmax(worst, aotc_attn_check(133, 290, 64, 64, false, 2));
+  worst = std::fmax(worst, aotc_attn_check(150, 150, 64, 48, true, 0));
+  worst = std::fmax(worst, aotc_attn_check(70, 300, 32, 64, true, 1));  // causal, S > L: top-left aligned
+  worst = std::fmax(worst, aotc_attn_check(9, 7, 8, 8, false, 0));
+  worst = std::fmax(worst, aotc_attn_check(130, 140, 64, 64, false, 1, 1, 0));  // a mask along the queries
+  worst = std::fmax(worst, aotc_attn_check(130, 140, 64, 64, true, 2, 1, 0));
+  worst = std::fmax(worst, aotc_attn_check(30, 140, 16, 16, false, 1, 0, 1));  // along the keys (padding)
+  worst = std::fmax(worst, aotc_attn_check(30, 140, 16, 16, false, 2, 0, 1));
   return worst < 1e-4 ? 0 : 1;
 }
 #endif

@@ -47,7 +47,7 @@
 #define AOTC_MM_KC 256  // K slice: an MR x KC strip of A plus a KC x NR panel of B stay in L1
 #endif
 #ifndef AOTC_MM_MB
-#define AOTC_MM_MB 120  // rows per task at most (a multiple of every MR below); an A block stays in L2
+#define AOTC_MM_MB 192  // rows per task at most (a multiple of every MR below); an A block stays in L2
 #endif
 #ifndef AOTC_MM_NB
 #define AOTC_MM_NB 512  // columns per task at most (a multiple of every NR below)
@@ -322,8 +322,10 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   const int64_t most = aotc_pool_threads();
   // Tiles: rows up to MB, then columns up to NB, narrowed (in whole panels) until there are a few tasks
   // per thread that the work can pay for.
-  const int64_t MB = aotc_mm_min(aotc_roundup(M, MR), AOTC_MM_MB);
-  const int64_t mblocks = (M + MB - 1) / MB;
+  // Row blocks of equal height, each at most AOTC_MM_MB: every row block streams all of B once, so M = 128
+  // takes one block of 128, not 120 + 8 (two passes over the weights, the second for 8 rows).
+  const int64_t mblocks = (M + AOTC_MM_MB - 1) / AOTC_MM_MB;
+  const int64_t MB = aotc_roundup((M + mblocks - 1) / mblocks, MR);
   const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
   int64_t NB = aotc_mm_min(aotc_roundup(N, NR), AOTC_MM_NB);
   while (NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
@@ -445,6 +447,7 @@ int main() {
   int fails = aotc_mm_check(2, 37, 70, 300);  // K over one slice, N and M ragged
   fails += aotc_mm_check(1, 5, 3, 7);          // K < KC, N < NR, M < MR
   fails += aotc_mm_check(3, 130, 600, 40);     // several tiles in both directions
+  fails += aotc_mm_check(1, 401, 70, 33);      // rows over AOTC_MM_MB: equal row blocks, the last shorter
 #pragma omp parallel num_threads(2) reduction(+ : fails)
   fails += aotc_mm_check(2, 19, 40, 50);  // nested in a caller's parallel region: private workspaces
   return fails != 0;

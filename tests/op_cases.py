@@ -131,6 +131,10 @@ CASES = [
            lambda b: (r(b, 3, 9) * 4,)),  # fmt: skip
     OpCase("binary_broadcast", lambda: Fn(lambda m, x, y: (x * y - x / (y.abs() + 1)) ** 2 + torch.maximum(x, y), ),
            lambda b: (r(b, 4, 6), r(b, 1, 6))),  # fmt: skip
+    # exponents eager torch computes as multiplies (codegen/cpp_values.py: pow_by_constant)
+    OpCase("pow_small_exponents", lambda: Fn(lambda m, x: x.pow(2) + x.pow(3) + (x.abs() + 0.5).pow(0.5)
+                                             + (x.abs() + 0.5).pow(-0.5) + (x.abs() + 0.5).pow(-1) + (x.abs() + 0.5).pow(-2)),
+           lambda b: (r(b, 5, 17),)),  # fmt: skip
     OpCase("pow_reciprocal", lambda: Fn(lambda m, x: x.abs().pow(1.5) + 1 / (x.abs() + 1)), lambda b: (r(b, 12),)),
     OpCase("compare_where", lambda: Fn(lambda m, x, y: torch.where((x > y) & (x != 0.5) | (y <= -1), x, y * 2)),
            lambda b: (r(b, 6, 5), r(b, 6, 5))),  # fmt: skip

@@ -139,6 +139,19 @@ BINARY: dict[Op, Callable[[str, str, DType], str]] = {
 }
 
 
+def pow_by_constant(x: str, p: float, dt: DType) -> str | None:
+    """``x ** p`` for the exponents eager torch special-cases (aten's pow_tensor_scalar kernel: squares,
+    cubes, square roots and reciprocals, computed as multiplies, so the results match it bit for bit);
+    None for any other exponent. Besides matching, these vectorise where ``std::pow`` is a libm call
+    (GPT-2's tanh GELU cubes its input: the whole MLP activation ran scalar)."""
+    one = literal(1, dt)
+    spell = {
+        2.0: f"({x} * {x})", 3.0: f"({x} * {x} * {x})", 0.5: f"std::sqrt({x})",
+        -0.5: f"({one} / std::sqrt({x}))", -1.0: f"({one} / {x})", -2.0: f"({one} / ({x} * {x}))",
+    }  # fmt: skip
+    return spell.get(p)
+
+
 def cast(x: str, src: DType, dst: DType) -> str:
     """Convert a computed value of ``src`` to a computed value of ``dst``."""
     if dst is DType.bool:
@@ -263,6 +276,10 @@ class Values:
                 return cast(x, v.x.dtype, v.dtype)
             return UNARY[v.op](x, v.dtype)
         if isinstance(v, K.Binary):
+            if v.op is Op.POW and isinstance(v.b, K.Const) and v.a.dtype.is_float:
+                short = pow_by_constant(self.expr(v.a), float(v.b.value), v.a.dtype)
+                if short is not None:
+                    return short
             return BINARY[v.op](self.expr(v.a), self.expr(v.b), v.a.dtype)
         if isinstance(v, K.Where):
             return f"({self.expr(v.cond)} ? {self.expr(v.a)} : {self.expr(v.b)})"
