@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 
 from . import kernel as K
-from .indexing import contiguous_strides, is_one, view_strides
+from .indexing import Idx, contiguous_strides, is_one, reshape_index, view_strides
 from .ir import Dim, Family, Graph, Node, Op, PermuteAttr, SliceAttr, StridedAttr
 from .passes.layout import NHWC, channels_last_nodes
 
@@ -104,5 +104,60 @@ class Buffers:
                 else:
                     new = view_strides(n.inputs[0].shape, st, n.shape)
                     out = None if new is None else (buf, off, new)
+            if out is None:
+                out = self._composed(n)
         self._strided[n] = out
         return out
+
+    def _composed(self, n: Node) -> View | None:
+        """``n`` as a strided view through its whole chain of views, when the composed index is affine though
+        a view on the way has no strides of its own.
+
+        Note: nn.MultiheadAttention splits heads as proj.view(L, B * H, E).transpose(0, 1).view(B, H, L, E)
+        after a ``.contiguous()`` (dropped by lowering). Over the projection's buffer the middle view merges
+        the batch (stride L * 3D) with the head (stride E): no single stride, so a view-by-view walk gives up
+        and the operand became a copy kernel. The last view splits them apart again, and the whole chain,
+        (b, h, l, e) -> (b * L + l) * 3D + h * E + e, is affine: the reader takes those strides instead."""
+        vars_ = K.loop_vars("v", len(n.shape))
+        ranges: dict[sympy.Symbol, Dim] = dict(zip(vars_, n.shape, strict=True))
+        idx: Idx = vars_
+        node = n
+        while True:
+            idx, node = view_index(node, idx, ranges), node.inputs[0]
+            view = self.strided(node)
+            if view is not None:
+                break
+            if node.op not in Family.VIEW:
+                return None
+        buf, off, st = view
+        flat = sympy.expand(off + sympy.Add(*(i * s for i, s in zip(idx, st, strict=True))))
+        if flat.has(sympy.floor, sympy.Mod, sympy.Min, sympy.Max):
+            return None
+        strides = tuple(sympy.diff(flat, v) for v in vars_)
+        if any(s.free_symbols & set(vars_) for s in strides):
+            return None
+        return buf, flat.subs(dict.fromkeys(vars_, 0)), strides
+
+
+def view_index(n: Node, idx: Idx, ranges: dict[sympy.Symbol, Dim]) -> Idx:
+    """The index into view ``n``'s input for position ``idx`` of ``n`` (``ranges``: the loop variables' sizes,
+    which keep split/merge reshapes affine)."""
+    a, src_shape = n.attr, n.inputs[0].shape
+    if n.op is Op.PERMUTE:
+        assert isinstance(a, PermuteAttr)
+        src = [sympy.Integer(0)] * len(idx)
+        for d, p in enumerate(a.perm):
+            src[p] = idx[d]
+        return tuple(src)
+    if n.op is Op.EXPAND:
+        return tuple(sympy.Integer(0) if is_one(s) and not is_one(d) else i
+                     for i, s, d in zip(idx, src_shape, n.shape, strict=True))  # fmt: skip
+    if n.op is Op.SLICE:
+        assert isinstance(a, SliceAttr)
+        src = list(idx)
+        src[a.axis] = a.start + idx[a.axis] * a.step
+        return tuple(src)
+    if n.op is Op.RESHAPE:
+        return reshape_index(idx, src_shape, n.shape, ranges)
+    assert n.op is Op.AS_STRIDED and isinstance(a, StridedAttr), n.op
+    return (a.offset + sympy.Add(*(i * st for i, st in zip(idx, a.strides, strict=True))),)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import sympy
 
 from . import kernel as K
-from .buffers import Buffers
-from .indexing import Idx, flat_index, is_one, reshape_index
+from .buffers import Buffers, view_index
+from .indexing import Idx, flat_index
 from .ir import (
     ArangeAttr,
     AxisAttr,
@@ -26,10 +26,7 @@ from .ir import (
     Node,
     Op,
     PadAttr,
-    PermuteAttr,
     ReduceAttr,
-    SliceAttr,
-    StridedAttr,
     dims_equal,
 )
 
@@ -134,29 +131,8 @@ class ValueBuilder:
         if op is Op.WHERE:
             c, a1, b1 = (self.value(x, idx) for x in ins)
             return K.Where(c, a1, b1, dt)
-        if op is Op.PERMUTE:
-            assert isinstance(a, PermuteAttr)
-            src = [sympy.Integer(0)] * len(idx)
-            for d, p in enumerate(a.perm):
-                src[p] = idx[d]
-            return self.value(ins[0], tuple(src))
-        if op is Op.EXPAND:
-            src_shape = ins[0].shape
-            return self.value(
-                ins[0],
-                tuple(sympy.Integer(0) if is_one(s) and not is_one(d) else i
-                      for i, s, d in zip(idx, src_shape, node.shape, strict=True)),
-            )  # fmt: skip
-        if op is Op.SLICE:
-            assert isinstance(a, SliceAttr)
-            src = list(idx)
-            src[a.axis] = a.start + idx[a.axis] * a.step
-            return self.value(ins[0], tuple(src))
-        if op is Op.RESHAPE:
-            return self.value(ins[0], reshape_index(idx, ins[0].shape, node.shape, self.ranges))
-        if op is Op.AS_STRIDED:
-            assert isinstance(a, StridedAttr)
-            return self.value(ins[0], (a.offset + sympy.Add(*(i * st for i, st in zip(idx, a.strides, strict=True))),))
+        if op in Family.VIEW:
+            return self.value(ins[0], view_index(node, idx, self.ranges))
         if op is Op.CAT:
             return self.cat(node, idx)
         if op is Op.PAD:
