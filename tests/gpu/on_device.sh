@@ -10,7 +10,8 @@
 # bench:     benchmarks/gpu_examples.py, aotc with and without CUDA graphs, and eager torch.
 # cases:     builds the shared kernel cases (tests/gpu/programs.py GPU_CASES) here with the GPU hidden, then runs
 #            them (tests/gpu/test_cuda_cases.py): every template checked on the GPU in about two minutes.
-# sbs-build, sbs-run: benchmarks/gpu_side_by_side.py (SBS_PRECISIONS, SBS_MODES, SBS_BUDGET_S, SBS_TUNE=1).
+# sbs-build, sbs-run: benchmarks/gpu_side_by_side.py (SBS_PRECISIONS, SBS_MODES, SBS_BUDGET_S, SBS_TUNE=1,
+#            SBS_MODELS=vit_b_16,bert: only those models).
 # .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -96,10 +97,10 @@ PY
         --confcutdir tests/gpu tests/gpu/test_cuda_cases.py tests/gpu/test_torch_interop.py 2>&1 | tee "$OUT/pytest_cases.log" | tail -15 ;;
     sbs-build)
       PYTHONPATH=$ZOOPATH python3 benchmarks/gpu_side_by_side.py build /tmp/sbs --precisions "${SBS_PRECISIONS:-bf16}" \
-        --jobs 12 $([ "${SBS_TUNE:-0}" = 1 ] && echo --tune) 2>&1 | grep -v Warn | tee -a "$OUT/sbs_build.log" | grep -E "built|FAIL|all" ;;
+        ${SBS_MODELS:+--models "$SBS_MODELS"} --jobs 12 $([ "${SBS_TUNE:-0}" = 1 ] && echo --tune) 2>&1 | grep -v Warn | tee -a "$OUT/sbs_build.log" | grep -E "built|FAIL|all" ;;
     sbs-run)
       PYTHONPATH=$ZOOPATH timeout "${SBS_TIMEOUT_S:-560}" python3 benchmarks/gpu_side_by_side.py run /tmp/sbs "$OUT/side_by_side.json" \
-        --precisions "${SBS_PRECISIONS:-bf16}" --modes "${SBS_MODES:-eager,reduce-overhead,max-autotune}" \
+        --precisions "${SBS_PRECISIONS:-bf16}" ${SBS_MODELS:+--models "$SBS_MODELS"} --modes "${SBS_MODES:-eager,reduce-overhead,max-autotune}" \
         --budget-s "${SBS_BUDGET_S:-420}" 2>&1 | grep -v Warn | tee -a "$OUT/sbs_run.log" | cut -c1-220 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
