@@ -30,6 +30,7 @@ class Buffers:
         self.realized: dict[Node, str] = {}
         self.log: list[str] = []
         self._strided: dict[Node, View | None] = {}
+        self._compositions: dict[tuple[Node, Node, View], View | None] = {}
         self.buffers: dict[Node, K.Buffer] = {}
         for k, n in enumerate(graph.inputs):
             self._realize(n, f"in{k}", "input")
@@ -118,25 +119,36 @@ class Buffers:
         the batch (stride L * 3D) with the head (stride E): no single stride, so a view-by-view walk gives up
         and the operand became a copy kernel. The last view splits them apart again, and the whole chain,
         (b, h, l, e) -> (b * L + l) * 3D + h * E + e, is affine: the reader takes those strides instead."""
-        vars_ = K.loop_vars("v", len(n.shape))
-        ranges: dict[sympy.Symbol, Dim] = dict(zip(vars_, n.shape, strict=True))
-        idx: Idx = vars_
-        node = n
-        while True:
-            idx, node = view_index(node, idx, ranges), node.inputs[0]
-            view = self.strided(node)
-            if view is not None:
-                break
+        chain, node = [n], n.inputs[0]
+        while (view := self.strided(node)) is None:
             if node.op not in Family.VIEW:
-                return None
-        buf, off, st = view
-        flat = sympy.expand(off + sympy.Add(*(i * s for i, s in zip(idx, st, strict=True))))
-        if flat.has(sympy.floor, sympy.Mod, sympy.Min, sympy.Max):
-            return None
-        strides = tuple(sympy.diff(flat, v) for v in vars_)
-        if any(s.free_symbols & set(vars_) for s in strides):
-            return None
-        return buf, flat.subs(dict.fromkeys(vars_, 0)), strides
+                return None  # views of a computed value: the common case, settled without index math
+            chain.append(node)
+            node = node.inputs[0]
+        # the composition depends only on the chain and the view under it: kept across realizations
+        key = (n, node, view)
+        if key not in self._compositions:
+            self._compositions[key] = _compose(chain, view)
+        return self._compositions[key]
+
+
+def _compose(chain: list[Node], view: View) -> View | None:
+    """The strides of ``chain[0]`` read through the views ``chain`` (top first) over ``view``, or None when
+    the composed index is not affine."""
+    n = chain[0]
+    vars_ = K.loop_vars("v", len(n.shape))
+    ranges: dict[sympy.Symbol, Dim] = dict(zip(vars_, n.shape, strict=True))
+    idx: Idx = vars_
+    for node in chain:
+        idx = view_index(node, idx, ranges)
+    buf, off, st = view
+    flat = sympy.expand(off + sympy.Add(*(i * s for i, s in zip(idx, st, strict=True))))
+    if flat.has(sympy.floor, sympy.Mod, sympy.Min, sympy.Max):
+        return None
+    strides = tuple(sympy.diff(flat, v) for v in vars_)
+    if any(s.free_symbols & set(vars_) for s in strides):
+        return None
+    return buf, flat.subs(dict.fromkeys(vars_, 0)), strides
 
 
 def view_index(n: Node, idx: Idx, ranges: dict[sympy.Symbol, Dim]) -> Idx:
