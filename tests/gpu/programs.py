@@ -723,6 +723,27 @@ def attention_additive() -> Case:
     return listed("attention_additive", prog, make, ref, 1e-5, 1e-5)
 
 
+def attention_packed_qkv() -> Case:
+    """q, k and v read straight from one packed projection [B, L, 3 * H * E] (offsets 0, H*E, 2*H*E; row stride
+    3*H*E): what fusion makes of nn.MultiheadAttention's head split (buffers.py); dynamic length, output stored
+    batch-first as attn.transpose(1, 2).reshape(B, L, H * E)."""
+    L, D = S0, 3 * 16
+
+    def part(k: int) -> K.Strided:
+        return K.Strided("qkv", i0 * L * 3 * D + i1 * 16 + k * D, (3 * D, 1), F32)
+
+    store = st("y", i0 * L * D + i2 * D + i1 * 16 + i3, K.Acc())
+    k = K.Attention("attn_packed_qkv", (2, 3), 1, L, L, 16, 16, part(0), part(1), part(2), None, 0.25, False, "none", (store,))
+    prog = program([sym("s0", 1, 256)], [buf("qkv", F32, (2, L, 3 * D), "input")], [buf("y", F32, (2, L, D), "output")], [], [k])
+
+    def ref(inp: Arrays, wt: Arrays) -> Arrays:
+        b, n = inp["qkv"].shape[:2]
+        q, kk, v = inp["qkv"].reshape(b, n, 3, 3, 16).transpose(2, 0, 3, 1, 4)  # [3][B, H, L, E]
+        return {"y": attention_ref(q, kk, v, scale=0.25).transpose(0, 2, 1, 3).reshape(b, n, D)}
+
+    return Case("attention_packed_qkv", prog, ref, [{"s0": 5}, {"s0": 70}], rtol=1e-4, atol=1e-4)
+
+
 GPU_CASES: list[Callable[[], Case]] = [
     pointwise_permute,
     masked_pad,
@@ -1296,6 +1317,7 @@ CPU_CASES: list[Callable[[], Case]] = [
     gathers_reduce_epilogue,
     index_math,
     attention_additive,
+    attention_packed_qkv,
 ]
 
 
