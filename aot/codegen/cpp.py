@@ -137,13 +137,7 @@ class KernelWriter:
             self.w.line("int64_t aotc_bad = 0;")
             stack.callback(lambda: self.w.line("if (aotc_bad) __atomic_store_n(aotc_bad_all, 1, __ATOMIC_RELAXED);"))
         stack.enter_context(self._for("aotc_t", "aotc_t1", "aotc_t0"))
-        rest = "aotc_t"
-        for j in range(len(sizes) - 1, -1, -1):
-            if j == 0:
-                self.w.line(f"[[maybe_unused]] const int64_t {names[0]} = {rest};")
-            else:
-                self.w.line(f"[[maybe_unused]] const int64_t {names[j]} = {rest} % {sizes[j]};")
-                rest = f"({rest} / {sizes[j]})"
+        self._batch_vars(sizes, "aotc_t", names)
 
     # -- loop helpers --
 
@@ -258,14 +252,15 @@ class KernelWriter:
 
     # -- matmul --
 
-    def _batch_vars(self, sizes: list[str], flat: str) -> None:
-        """Split flat batch index ``flat`` into i0.. over ``sizes`` (row-major)."""
+    def _batch_vars(self, sizes: list[str], flat: str, names: Sequence[str] | None = None) -> None:
+        """Split flat index ``flat`` into ``names`` (default i0..) over ``sizes`` (row-major)."""
+        names = names or [f"i{j}" for j in range(len(sizes))]
         rest = flat
         for j in range(len(sizes) - 1, -1, -1):
             if j == 0:
-                self.w.line(f"[[maybe_unused]] const int64_t i0 = {rest};")
+                self.w.line(f"[[maybe_unused]] const int64_t {names[0]} = {rest};")
             else:
-                self.w.line(f"[[maybe_unused]] const int64_t i{j} = {rest} % {sizes[j]};")
+                self.w.line(f"[[maybe_unused]] const int64_t {names[j]} = {rest} % {sizes[j]};")
                 rest = f"({rest} / {sizes[j]})"
 
     def _offset_fn(self, expr: sympy.Expr | int, sizes: list[str]) -> str:
