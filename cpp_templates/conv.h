@@ -350,18 +350,10 @@ void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, 
 
 #ifdef AOTC_SELFTEST_CONV
 // Checks both paths against a naive loop on small integer data (exact in fp32).
-static int aotc_conv_check(aotc_conv_shape s) {
+// Outputs of y ([N][O][OH][OW]) that differ from a naive conv of x ([N][C][H][W]) and w ([O][C/G][KH][KW]).
+static int aotc_conv_naive_fails(const aotc_conv_shape& s, const std::vector<float>& x, const std::vector<float>& w,
+                                 const std::vector<float>& y) {
   const int64_t cpg = s.C / s.G, opg = s.O / s.G;
-  std::vector<float> x(s.N * s.C * s.H * s.W), w(s.O * cpg * s.KH * s.KW), y(s.N * s.O * s.OH * s.OW, -1.0f);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 7) % 5) - 2.0f;
-  for (size_t i = 0; i < w.size(); ++i) w[i] = (float)((i * 3) % 7) - 3.0f;
-  aotc_conv_strides xs{0, s.C * s.H * s.W, s.H * s.W, s.W, 1}, ws{0, cpg * s.KH * s.KW, s.KH * s.KW, s.KW, 1};
-  aotc_conv2d<float>(s, x.data(), xs, w.data(), ws,
-                     [&](int64_t n, int64_t oc0, int64_t ocb, int64_t p0, int64_t pb, const float* t, int64_t ldt) {
-                       for (int64_t oc = oc0; oc < oc0 + ocb; ++oc)
-                         for (int64_t p = p0; p < p0 + pb; ++p)
-                           y[(n * s.O + oc) * s.OH * s.OW + p] = t[(oc - oc0) * ldt + (p - p0)];
-                     });
   int fails = 0;
   for (int64_t n = 0; n < s.N; ++n)
     for (int64_t o = 0; o < s.O; ++o)
@@ -379,6 +371,21 @@ static int aotc_conv_check(aotc_conv_shape s) {
           fails += y[((n * s.O + o) * s.OH + oh) * s.OW + ow] != ref;
         }
   return fails;
+}
+
+static int aotc_conv_check(aotc_conv_shape s) {
+  const int64_t cpg = s.C / s.G;
+  std::vector<float> x(s.N * s.C * s.H * s.W), w(s.O * cpg * s.KH * s.KW), y(s.N * s.O * s.OH * s.OW, -1.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 7) % 5) - 2.0f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = (float)((i * 3) % 7) - 3.0f;
+  aotc_conv_strides xs{0, s.C * s.H * s.W, s.H * s.W, s.W, 1}, ws{0, cpg * s.KH * s.KW, s.KH * s.KW, s.KW, 1};
+  aotc_conv2d<float>(s, x.data(), xs, w.data(), ws,
+                     [&](int64_t n, int64_t oc0, int64_t ocb, int64_t p0, int64_t pb, const float* t, int64_t ldt) {
+                       for (int64_t oc = oc0; oc < oc0 + ocb; ++oc)
+                         for (int64_t p = p0; p < p0 + pb; ++p)
+                           y[(n * s.O + oc) * s.OH * s.OW + p] = t[(oc - oc0) * ldt + (p - p0)];
+                     });
+  return aotc_conv_naive_fails(s, x, w, y);
 }
 
 // The channels-last kernels against the same naive loop: x stored NHWC, the weight packed as cpp_pack.py
@@ -416,23 +423,7 @@ static int aotc_conv_check_nhwc(aotc_conv_shape s, bool nchw_input) {
       for (int64_t t = 0; t < taps; ++t) wd[t * s.C + c] = w[c * taps + t];
     aotc_conv2d_dw<float>(s, xl.data(), xs, wd.data(), epi);
   }
-  int fails = 0;
-  for (int64_t n = 0; n < s.N; ++n)
-    for (int64_t o = 0; o < s.O; ++o)
-      for (int64_t oh = 0; oh < s.OH; ++oh)
-        for (int64_t ow = 0; ow < s.OW; ++ow) {
-          float ref = 0;
-          const int64_t g = o / (s.O / s.G);
-          for (int64_t c = 0; c < cpg; ++c)
-            for (int64_t kh = 0; kh < s.KH; ++kh)
-              for (int64_t kw = 0; kw < s.KW; ++kw) {
-                const int64_t ih = oh * s.sh - s.ph + kh * s.dh, iw = ow * s.sw - s.pw + kw * s.dw;
-                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
-                ref += x[((n * s.C + g * cpg + c) * s.H + ih) * s.W + iw] * w[((o * cpg + c) * s.KH + kh) * s.KW + kw];
-              }
-          fails += y[((n * s.O + o) * s.OH + oh) * s.OW + ow] != ref;
-        }
-  return fails;
+  return aotc_conv_naive_fails(s, x, w, y);
 }
 
 int main() {
