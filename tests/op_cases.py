@@ -49,7 +49,8 @@ class _MHA(nn.Module):
         return self.attn(x, x, x, need_weights=False)[0]
 
 
-def _bn(c: int) -> nn.BatchNorm2d:
+def random_bn(c: int) -> nn.BatchNorm2d:
+    """Inference batch-norm with non-trivial running stats and affine terms (the default ones fold to identity)."""
     bn = nn.BatchNorm2d(c)
     bn.running_mean.uniform_(-0.5, 0.5)
     bn.running_var.uniform_(0.5, 1.5)
@@ -63,13 +64,13 @@ class Bottleneck(nn.Module):
 
     def __init__(self, cin: int, mid: int, cout: int, stride: int) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, cin, 7, 2, 3, bias=False), _bn(cin), nn.ReLU(), nn.MaxPool2d(3, 1, 1))
+        self.stem = nn.Sequential(nn.Conv2d(3, cin, 7, 2, 3, bias=False), random_bn(cin), nn.ReLU(), nn.MaxPool2d(3, 1, 1))
         self.body = nn.Sequential(
-            nn.Conv2d(cin, mid, 1, bias=False), _bn(mid), nn.ReLU(),
-            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), _bn(mid), nn.ReLU(),
-            nn.Conv2d(mid, cout, 1, bias=False), _bn(cout),
+            nn.Conv2d(cin, mid, 1, bias=False), random_bn(mid), nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), random_bn(mid), nn.ReLU(),
+            nn.Conv2d(mid, cout, 1, bias=False), random_bn(cout),
         )  # fmt: skip
-        self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), _bn(cout))
+        self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), random_bn(cout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
@@ -84,9 +85,9 @@ class InvertedResidual(nn.Module):
         super().__init__()
         h = c * expand
         self.body = nn.Sequential(
-            nn.Conv2d(c, h, 1, bias=False), _bn(h), nn.ReLU6(),
-            nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), _bn(h), nn.ReLU6(),
-            nn.Conv2d(h, c, 1, bias=False), _bn(c),
+            nn.Conv2d(c, h, 1, bias=False), random_bn(h), nn.ReLU6(),
+            nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), random_bn(h), nn.ReLU6(),
+            nn.Conv2d(h, c, 1, bias=False), random_bn(c),
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,7 +153,7 @@ CASES = [
     OpCase("reduce_middle_axis", lambda: Fn(lambda m, x: x.sum(dim=(1, 3), keepdim=True) * x), lambda b: (r(b, 3, 4, 5),)),
     OpCase("mm_bmm", lambda: Fn(lambda m, x, y: torch.bmm(x, y) + x @ m.w, w=r(12, 10)), lambda b: (r(b, 6, 12), r(b, 12, 10))),
     OpCase("matmul_transposed", lambda: Fn(lambda m, x: x.transpose(-1, -2) @ x), lambda b: (r(b, 9, 7),)),
-    OpCase("conv_bn_relu", lambda: nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1), _bn(8), nn.ReLU()), lambda b: (r(b, 3, 10, 10),)),
+    OpCase("conv_bn_relu", lambda: nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1), random_bn(8), nn.ReLU()), lambda b: (r(b, 3, 10, 10),)),
     OpCase("conv_stride_dilation", lambda: nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2), lambda b: (r(b, 4, 13, 11),)),
     OpCase("conv_grouped", lambda: nn.Conv2d(8, 12, 3, padding=1, groups=4), lambda b: (r(b, 8, 9, 9),)),
     OpCase("conv_depthwise", lambda: nn.Conv2d(6, 6, 5, padding=2, groups=6), lambda b: (r(b, 6, 8, 8),)),

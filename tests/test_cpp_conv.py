@@ -17,17 +17,9 @@ from aotc_build.capture import capture_module
 from aotc_build.codegen.cpp_pack import PANEL, Packing, conv_panel, pack_array, pack_plan
 from aotc_build.ir import Op
 from aotc_build.options import BuildOptions, Target
+from op_cases import random_bn
 from torch import nn
 from torch.export import Dim
-
-
-def _bn(c: int) -> nn.BatchNorm2d:
-    bn = nn.BatchNorm2d(c)
-    bn.running_mean.uniform_(-0.5, 0.5)
-    bn.running_var.uniform_(0.5, 1.5)
-    bn.weight.data.uniform_(0.5, 1.5)
-    bn.bias.data.uniform_(-0.2, 0.2)
-    return bn
 
 
 class Net(nn.Module):
@@ -36,10 +28,10 @@ class Net(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 24, 3, 2, 1, bias=False), _bn(24), nn.ReLU6())
-        self.expand = nn.Sequential(nn.Conv2d(24, 72, 1, bias=False), _bn(72), nn.ReLU6())
-        self.dw = nn.Sequential(nn.Conv2d(72, 72, 3, 1, 1, groups=72, bias=False), _bn(72), nn.ReLU6())
-        self.project = nn.Sequential(nn.Conv2d(72, 24, 1, bias=False), _bn(24))
+        self.stem = nn.Sequential(nn.Conv2d(3, 24, 3, 2, 1, bias=False), random_bn(24), nn.ReLU6())
+        self.expand = nn.Sequential(nn.Conv2d(24, 72, 1, bias=False), random_bn(72), nn.ReLU6())
+        self.dw = nn.Sequential(nn.Conv2d(72, 72, 3, 1, 1, groups=72, bias=False), random_bn(72), nn.ReLU6())
+        self.project = nn.Sequential(nn.Conv2d(72, 24, 1, bias=False), random_bn(24))
         self.odd = nn.Conv2d(24, 37, 3, 2, 2, dilation=2)
         self.dw5 = nn.Conv2d(37, 37, 5, 2, 2, groups=37)
         self.grouped = nn.Conv2d(37 + 1, 20, 3, 1, 1, groups=2)
