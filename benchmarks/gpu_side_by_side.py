@@ -1,6 +1,7 @@
 """aotc packages against every torch mode, side by side in one process on one GPU.
 
     CUDA_VISIBLE_DEVICES= python benchmarks/gpu_side_by_side.py build DIR [--precisions bf16,fp16] [--models a,b] [--tune]
+    python benchmarks/gpu_side_by_side.py warm DIR [--precisions ...] [--models ...] [--modes ...] [--jobs N]
     python benchmarks/gpu_side_by_side.py run DIR OUT.json [--precisions ...] [--models ...] [--modes ...]
 
 ``build`` makes each model's weights once (seeded, saved beside the packages so torch runs the same ones), then
@@ -238,6 +239,66 @@ def compare(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / scale)
 
 
+def torch_call(fn: Callable[..., Any], xs: tuple[Any, ...]) -> Callable[[], object]:
+    import torch
+
+    def call() -> None:
+        with torch.no_grad():
+            fn(*xs)
+        torch.cuda.synchronize()
+
+    return call
+
+
+def compiled(model: Any, mode: str, xs: tuple[Any, ...]) -> Callable[[], object]:
+    """``model`` under torch.compile in ``mode``, compiled, warmed up and (CUDA-graph modes) recorded."""
+    import copy
+
+    import torch
+
+    call = torch_call(torch.compile(copy.deepcopy(model), mode=None if mode == "default" else mode), xs)
+    for _ in range(3):  # compile, then CUDA-graph warm-up and recording
+        call()
+    return call
+
+
+def load_model(spec: Spec, precision: str, d: Path) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]]:
+    """The benchmarked module on the GPU in ``precision`` with its seeded weights, its inputs on the host and
+    on the GPU."""
+    import torch
+
+    dt = torch_dtype(precision)
+    model = make_module(spec).eval()
+    if not spec.kernel:
+        model.load_state_dict(torch.load(d / f"{spec.name}.weights.pt"))
+    model = model.to("cuda", dt)
+    xs_cpu = make_inputs(spec, seed=1)
+    xs = tuple((x.to(dt) if x.is_floating_point() else x).cuda() for x in xs_cpu)
+    return model, xs_cpu, xs
+
+
+def warm(d: Path, specs: list[Spec], precisions: list[str], modes: list[str], jobs: int) -> None:
+    """Fill torch's compile caches (FX graph cache, autotuning results) for every model, precision and compiled
+    mode in ``jobs`` parallel processes, so that ``run`` compiles from the cache in one process. max-autotune
+    takes minutes a model, longer than a device call leaves; the modes' code is unchanged by where it was
+    compiled, though autotuning side by side on one GPU may time candidates less cleanly."""
+    todo = [(s, p, m) for p in precisions for s in specs if not s.kernel for m in modes if m != "eager"]
+
+    def one(item: tuple[Spec, str, str]) -> str:
+        s, p, m = item
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, __file__, "warm-one", str(d), s.name, p, m], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+        tail = "" if r.returncode == 0 else f" FAILED rc={r.returncode}: {(r.stdout + r.stderr)[-600:]}"
+        return f"warmed {s.name} {p} {m} in {time.perf_counter() - t0:.1f} s{tail}"
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for line in pool.map(one, sorted(todo, key=lambda t: not t[2].startswith("max-autotune"))):
+            print(line, flush=True)
+    print(f"warm: {time.perf_counter() - t0:.1f} s wall with {jobs} processes", flush=True)
+
+
 def run_model(
     spec: Spec, precision: str, d: Path, modes: list[str], args: argparse.Namespace, deadline: float, later: int
 ) -> dict:
@@ -245,26 +306,12 @@ def run_model(
     reduce-overhead compile before any max-autotune compile may start."""
     import torch
 
-    dt = torch_dtype(precision)
     row: dict[str, Any] = {"model": spec.name, "precision": precision, "shape": list(spec.shape)}
     pkg = d / f"{spec.name}.{precision}.pkg"
     meta = d / f"{spec.name}.{precision}.build.json"
     if meta.exists():
         row["aotc_build"] = json.loads(meta.read_text())
-    model = make_module(spec).eval()
-    if not spec.kernel:
-        model.load_state_dict(torch.load(d / f"{spec.name}.weights.pt"))
-    model = model.to("cuda", dt)
-    xs_cpu = make_inputs(spec, seed=1)
-    xs = tuple((x.to(dt) if x.is_floating_point() else x).cuda() for x in xs_cpu)
-
-    def torch_call(fn: Callable[..., Any]) -> Callable[[], object]:
-        def call() -> None:
-            with torch.no_grad():
-                fn(*xs)
-            torch.cuda.synchronize()
-        return call
-
+    model, xs_cpu, xs = load_model(spec, precision, d)
     with torch.no_grad():
         want = model(*xs)
     want_np = (want[0] if isinstance(want, tuple) else want).float().cpu().numpy()
@@ -273,7 +320,7 @@ def run_model(
     skipped: dict[str, str] = {}
     for mode in modes:
         if mode == "eager":
-            contenders["eager"] = torch_call(model)
+            contenders["eager"] = torch_call(model, xs)
             continue
         left = deadline - time.time()
         slow = mode.startswith("max-autotune")
@@ -281,17 +328,10 @@ def run_model(
         if left < guess + (60.0 * later if slow else 0.0):
             skipped[mode] = f"skipped: {left:.0f} s left of the run's budget, compile estimated {guess:.0f} s"
             continue
-        import copy
-
-        m = copy.deepcopy(model)
         try:
             t0 = time.perf_counter()
-            fn = torch.compile(m, mode=None if mode == "default" else mode)
-            call = torch_call(fn)
-            for _ in range(3):  # compile, then CUDA-graph warm-up and recording
-                call()
+            contenders[mode] = compiled(model, mode, xs)
             compile_s[mode] = round(time.perf_counter() - t0, 1)
-            contenders[mode] = call
         except Exception as e:  # a mode that fails on this model is reported, not fatal
             skipped[mode] = f"failed: {type(e).__name__}: {e}"[:300]
     if pkg.exists():
@@ -335,7 +375,7 @@ def run_model(
 
 
 def kernel_figures(d: Path, precision: str) -> dict:
-    """Kernel-level rates: GPU time by CUDA events over back-to-back launches, for aotc and torch alike."""
+    """Kernel-level rates: GPU time by CUDA events over back-to-back calls, for aotc and torch alike."""
     import torch
     import torch.nn.functional as F
 
@@ -359,7 +399,8 @@ def kernel_figures(d: Path, precision: str) -> dict:
         if not pkg.exists():
             return None
         a = Aotc(pkg, host_arrays(xs, precision))
-        best = min(sum(t for _, t in a.profile()) for _ in range(3))
+        # the way torch is timed: back-to-back calls between two events (graph replay or plain launches)
+        best = min(events_ms(a.call(graph=True)), events_ms(a.call(graph=False)))
         a.model.close()
         return best
 
@@ -448,7 +489,7 @@ def _commit() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=("build", "build-one", "run"))
+    ap.add_argument("cmd", choices=("build", "build-one", "warm", "warm-one", "run"))
     ap.add_argument("dir", type=Path)
     ap.add_argument("rest", nargs="*")
     ap.add_argument("--models", default=",".join(s.name for s in (*MODELS, *KERNELS)))
@@ -466,6 +507,15 @@ def main() -> None:
         build(args.dir, specs, precisions, args.tune, args.jobs)
     elif args.cmd == "build-one":
         build_one(args.dir, SPECS[args.rest[0]], args.rest[1], args.tune)
+    elif args.cmd == "warm":
+        warm(args.dir, specs, precisions, [m for m in args.modes.split(",") if m], args.jobs)
+    elif args.cmd == "warm-one":
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        model, _, xs = load_model(SPECS[args.rest[0]], args.rest[1], args.dir)
+        compiled(model, args.rest[2], xs)
     else:
         run(args.dir, Path(args.rest[0]), specs, precisions, [m for m in args.modes.split(",") if m], args)
 

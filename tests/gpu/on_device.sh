@@ -10,7 +10,8 @@
 # bench:     benchmarks/gpu_examples.py, aotc with and without CUDA graphs, and eager torch.
 # cases:     builds the shared kernel cases (tests/gpu/programs.py GPU_CASES) here with the GPU hidden, then runs
 #            them (tests/gpu/test_cuda_cases.py): every template checked on the GPU in about two minutes.
-# sbs-build, sbs-run: benchmarks/gpu_side_by_side.py (SBS_MODELS, SBS_PRECISIONS, SBS_MODES, SBS_BUDGET_S, SBS_DIR,
+# sbs-build, sbs-warm, sbs-run: benchmarks/gpu_side_by_side.py (SBS_MODELS, SBS_PRECISIONS, SBS_MODES, SBS_BUDGET_S, SBS_DIR,
+#            SBS_WARM_JOBS,
 #            SBS_JOBS, SBS_TUNE=1: tune on this GPU, which the build then sees).
 # tune:      benchmarks/tune_table.py --write-table (TUNE_MODELS, TUNE_PRECISIONS); sm_90.json comes back in $OUT.
 # .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
@@ -99,6 +100,10 @@ PY
     sbs-build)
       PYTHONPATH=$ZOOPATH python3 benchmarks/gpu_side_by_side.py build "${SBS_DIR:-/tmp/sbs}" --precisions "${SBS_PRECISIONS:-bf16}" \
         ${SBS_MODELS:+--models "$SBS_MODELS"} --jobs "${SBS_JOBS:-12}" $([ "${SBS_TUNE:-0}" = 1 ] && echo --tune) 2>&1 | grep -v Warn | tee -a "$OUT/sbs_build.log" | grep -E "built|FAIL|all" ;;
+    sbs-warm)  # torch's compile caches filled in parallel processes, so that sbs-run compiles from them
+      PYTHONPATH=$ZOOPATH python3 benchmarks/gpu_side_by_side.py warm "${SBS_DIR:-/tmp/sbs}" --precisions "${SBS_PRECISIONS:-bf16}" \
+        ${SBS_MODELS:+--models "$SBS_MODELS"} --modes "${SBS_MODES:-reduce-overhead,max-autotune}" --jobs "${SBS_WARM_JOBS:-6}" 2>&1 \
+        | tee -a "$OUT/sbs_warm.log" | grep -E "^warm" ;;
     sbs-run)
       PYTHONPATH=$ZOOPATH timeout "${SBS_TIMEOUT_S:-560}" python3 benchmarks/gpu_side_by_side.py run "${SBS_DIR:-/tmp/sbs}" "$OUT/side_by_side.json" \
         ${SBS_MODELS:+--models "$SBS_MODELS"} \

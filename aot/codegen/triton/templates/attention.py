@@ -4,7 +4,8 @@ log2(e)), so the L x S scores never reach memory, and stores through the kernel'
 
 Note: the key loop is split in two. Full blocks (below the causal diagonal, inside S) run with no element
 masks at all; the rest (the diagonal blocks, a ragged last block) apply the causal and length masks. Blocks
-past the diagonal are never visited (the loop bound), and the heaviest row blocks are launched first.
+past the diagonal are never visited (the loop bound), and causal grids launch every head's heaviest row
+blocks first (8x12x1024x64 on the H200: 0.0453 against 0.0492 ms head by head).
 Masks (bool or additive) are loaded with their strides, 0 where broadcast, in both loops.
 """
 
@@ -54,8 +55,13 @@ def attention(
     nb = len(k.batch)
     w.line(f"pid = {g.pid()}")
     w.line(f"tiles_m = ({L} + BLOCK_M - 1) // BLOCK_M")
-    w.line("bidx = pid // tiles_m")
-    w.line("pid_m = tiles_m - 1 - pid % tiles_m")  # the longest (causal) row blocks first
+    if k.causal:  # every head's longest row blocks first, then shorter ones: the tail of the grid is short
+        nbh, _ = g.index(prod(k.batch))
+        w.line(f"bidx = pid % ({nbh})")
+        w.line(f"pid_m = tiles_m - 1 - pid // ({nbh})")
+    else:  # a head's row blocks side by side: they share its keys and values in L2
+        w.line("bidx = pid // tiles_m")
+        w.line("pid_m = pid % tiles_m")
     g.decompose("bidx", k.batch, "i", NO_AXES)
     w.line("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
     w.line("rd = tl.arange(0, BLOCK_D)")
@@ -98,7 +104,14 @@ def attention(
         w.line(f"kt = tl.load({pk} + {k_off} + rn[None, :] * {sks} + rd[:, None] * {ske}{_masked(kmask)})")
         w.line("acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
         w.line(dot_line("q", "kt", dt, options))
-        w.line(f"qk = acc * {k.scale * LOG2E!r}")
+        scale = k.scale * LOG2E
+        if not edge and k.mask_kind == "none" and scale > 0:  # unmasked: the scale folds into one FMA per score
+            w.line(f"m_new = tl.maximum(m_i, tl.max(acc, 1) * {scale!r})")
+            w.line(f"p = tl.exp2(acc * {scale!r} - m_new[:, None])")
+            w.line("alpha = tl.exp2(m_i - m_new)")
+            finish(edge)
+            return
+        w.line(f"qk = acc * {scale!r}")
         keep = []
         if edge:
             keep.append(f"(rn[None, :] < {S})")
@@ -117,6 +130,9 @@ def attention(
             w.line("m_use = m_new")
         w.line("alpha = tl.exp2(m_i - m_use)")
         w.line("p = tl.exp2(qk - m_use[:, None])")
+        finish(edge)
+
+    def finish(edge: bool) -> None:
         w.line("l_i = l_i * alpha + tl.sum(p, 1)")
         vd = f"(rv[None, :] < {ev})" if bdv != ev else ""
         vn = f"(rn[:, None] < {S})" if edge else ""
