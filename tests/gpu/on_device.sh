@@ -11,7 +11,8 @@
 # cases:     builds the shared kernel cases (tests/gpu/programs.py GPU_CASES) here with the GPU hidden, then runs
 #            them (tests/gpu/test_cuda_cases.py): every template checked on the GPU in about two minutes.
 # sbs-build, sbs-warm, sbs-run: benchmarks/gpu_side_by_side.py (SBS_MODELS, SBS_PRECISIONS, SBS_MODES, SBS_BUDGET_S, SBS_DIR,
-#            SBS_WARM_JOBS,
+#            SBS_WARM_JOBS; seen: 12 max-autotune warms side by side take ~200 s each and ResNet-50/Llama did not
+#            finish in 400 s: warm one precision a call, then sbs-run in a call made at once, while the machine is warm),
 #            SBS_JOBS, SBS_TUNE=1: tune on this GPU, which the build then sees).
 # tune:      benchmarks/tune_table.py --write-table (TUNE_MODELS, TUNE_PRECISIONS); sm_90.json comes back in $OUT.
 # .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
