@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from aotc.cpu_features import LEVEL_FEATURES
-from aotc.schema import CpuTarget, Manifest, ModelInfo, Symbol, TensorSpec
+from aotc.schema import INTERFACE_MARK, CpuTarget, Manifest, ModelInfo, Symbol, TensorSpec, cpu_interface
 from aotc_build.package import weights_member
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,3 +108,11 @@ def affine_manifest(level: str = "x86-64-v2", lib: str = "cpu/x86-64-v2/model.so
     )
 
 
+
+
+def affine_interface_cpp(m: Manifest | None = None) -> str:
+    """The interface record (aotc.schema.interface_text) the builder embeds in every library, for AFFINE_CPP
+    in the package of manifest ``m`` (default: ``affine_manifest()``)."""
+    m = m or affine_manifest()
+    text = (INTERFACE_MARK.decode() + cpu_interface(m, m.cpu_targets[0])).replace("\\", "\\\\").replace('"', '\\"')
+    return f'\nextern "C" __attribute__((used, visibility("default"))) const char aotc_interface[] = "{text}";\n'

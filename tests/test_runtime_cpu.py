@@ -111,7 +111,7 @@ def test_expression_dimensions(make_package) -> None:
     def edit(m, members):
         return dataclasses.replace(m, inputs=(*m.inputs, TensorSpec("pair", "int64", ("2*s0",))), selftest=None), members
 
-    model = aotc.load(make_package(edit=edit, selftest=False))
+    model = aotc.load(make_package(edit=edit, selftest=False, relink=True))
     x, s = inputs(3)
     model(x, s, np.zeros(6, np.int64))
     with pytest.raises(InputMismatch, match=r"input 'pair' axis 0: got size 5, expected 2\*batch = 6 \(with batch=3\)"):
