@@ -151,7 +151,7 @@ def member_hashes(data: bytes | memoryview) -> Member:
     """A member's sha256, size, and (past HASH_CHUNK bytes) the sha256 of each chunk, which the runtime
     checks on several threads at once."""
     view = memoryview(data)
-    chunks = ()
+    chunks: tuple[str, ...] = ()
     if len(view) > HASH_CHUNK:
         chunks = tuple(hashlib.sha256(view[i : i + HASH_CHUNK]).hexdigest() for i in range(0, len(view), HASH_CHUNK))
     return Member(hashlib.sha256(view).hexdigest(), len(view), chunks)

@@ -102,7 +102,10 @@ def check_interface(code: bytes, m: Manifest, t: CpuTarget) -> None:
         what = f"its {key} are {json.dumps(built.get(key))[:300]}, the manifest says {json.dumps(said.get(key))[:300]}"
     except (ValueError, RecursionError):
         what = "its interface record is malformed"
-    raise PackageCorrupt(f"{t.library} was built for another interface than its manifest describes: {what}; the manifest was edited or the package is damaged: rebuild it")
+    raise PackageCorrupt(
+        f"{t.library} was built for another interface than its manifest describes: {what}; "
+        "the manifest was edited or the package is damaged: rebuild it"
+    )
 
 
 def glibc_version() -> tuple[int, int] | None:

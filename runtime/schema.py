@@ -57,8 +57,8 @@ from . import shapes
 from .cpu_features import LEVEL_FEATURES
 from .cpu_features import LEVELS as CPU_LEVELS  # the levels are defined once, with their features
 from .errors import IncompatiblePackage, PackageCorrupt
-from .reader import bad as _bad
 from .reader import MAX_SIZE as MAX_BYTES  # the largest buffer any size may come to (int64 math in C stays exact)
+from .reader import bad as _bad
 from .reader import plain, read
 from .reader import size as _size
 from .shapes import Size

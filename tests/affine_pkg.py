@@ -3,7 +3,8 @@
 The C++ library implements cpp_templates/aotc_abi.h by hand and is compiled once per session with g++.
 It checks the ABI's alignment promises, returns an error for NaN inputs (to test error propagation), and
 takes -DSCALE=k to make a library that computes something else (to test that two loads never mix up)
-and -DFAKE_ABI=n to report another ABI version.
+and -DFAKE_ABI=n to report another ABI version; -DMARK_LOAD makes its constructor create the file named by
+$AOTC_TEST_LOADED (so a test can tell that no package code ran before a refusal).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ AFFINE_CPP = r"""
 #endif
 
 static int32_t g_threads = 0;
+
+#ifdef MARK_LOAD  // proves, in tests, whether the library's code ever ran: its constructor leaves a file
+#include <stdlib.h>
+__attribute__((constructor)) static void aotc_test_mark(void) {
+    const char* p = getenv("AOTC_TEST_LOADED");
+    if (p) { FILE* f = fopen(p, "w"); if (f) fclose(f); }
+}
+#endif
 
 int32_t aotc_abi_version(void) {
 #ifdef FAKE_ABI
