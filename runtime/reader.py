@@ -103,7 +103,7 @@ def _union(args: tuple[Any, ...], value: object, where: str) -> Any:
         return size(value, where)
     if kinds is not None:
         kind = value.get("kind") if isinstance(value, dict) else None
-        if kind not in kinds:
+        if not isinstance(kind, str | None) or kind not in kinds:
             known = ", ".join(str(k) for k in kinds)
             raise bad(_at(where, "kind"), f"unknown kind {kind!r} (known: {known})")
         return _object(kinds[kind], value, where)

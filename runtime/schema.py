@@ -405,8 +405,12 @@ def from_dict(d: object) -> Manifest:
         raise IncompatiblePackage(
             f"package format version {version}; this runtime (aotc {__version__}) reads format version {FORMAT_VERSION}: {fix}"
         )
-    m = read(Manifest, {k: v for k, v in d.items() if k != "format"})
-    validate(m)
+    try:
+        m = read(Manifest, {k: v for k, v in d.items() if k != "format"})
+        validate(m)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError, OverflowError) as e:
+        # A check above that missed a malformed value: still a refusal of the package, never a traceback.
+        raise PackageCorrupt(f"manifest.json cannot be read ({type(e).__name__}: {str(e)[:200]}); the package is damaged") from None
     return m
 
 

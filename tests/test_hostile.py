@@ -513,3 +513,12 @@ def test_entries_checked_against_file(base: Path) -> None:
     entries = read_entries(base.read_bytes(), base)
     d, _ = raw_parts(base)
     assert set(entries) - {"manifest.json"} == set(d["members"])
+
+
+def test_fuzzed_packages_never_crash(base: Path) -> None:
+    """A short seeded run of tests/fuzz_packages.py (the long run: 10,000 cases, see its docstring)."""
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("fuzz_packages.py")), str(base), "150", "12"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
