@@ -10,7 +10,7 @@ writes it.
 
 A manifest (JSON, keys sorted)::
 
-    {"format": "aotc", "format_version": 3,
+    {"format": "aotc", "format_version": 4,
      "model": {"name": "mlp", "source_sha256": "…"},
      "build": {"aotc": "0.1.0", "torch": "2.13.0", …},
      "symbols": [{"name": "s0", "label": "batch", "min": 1, "max": 256}],
@@ -20,7 +20,7 @@ A manifest (JSON, keys sorted)::
      "targets": [{"kind": "cpu", "level": "x86-64-v4", "library": "cpu/x86-64-v4/model.so",
                   "packed": {"member": "cpu/x86-64-v4/packed.safetensors", "tensors": […]}, …},
                  {"kind": "cuda", "arch": "sm_90", "kernels": […], "launches": […], …}],
-     "members": {"weights.safetensors": {"sha256": "…", "size": 123}, …},
+     "members": {"weights.safetensors": {"sha256": "…", "size": 123, "chunks": []}, …},
      "selftest": {"member": "selftest.safetensors", "inputs": […], "outputs": […], "rtol": …, "atol": …}}
 
 A CUDA target holds only what is its own; inputs, outputs, weights and symbols are the manifest's::
