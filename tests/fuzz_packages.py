@@ -3,10 +3,11 @@ member bytes (re-hashed or not) and truncations, each case `aotc verify`-ed in i
 
     python tests/fuzz_packages.py BASE.pkg N [SEED]     # prints a summary; exit 1 on any crash, hang or traceback
 
-A library whose bytes change is never re-hashed: code replaced along with its hash is outside what a package
-can defend (only signatures can; docs/safety.md). What counts as a failure: a signal (a crash), a hang (killed after 30 s), a traceback, an exit code outside
-the documented ones (docs/safety.md), or a refusal that is not one line ``aotc: ...``. Mutations aim at
-what reaches native code: sizes, shapes, ranges, expressions, features, levels, tolerances.
+A library whose bytes change is never re-hashed: code replaced along with its hash is outside what a
+package can defend (only signatures can; docs/safety.md). What counts as a failure: a signal (a crash), a
+hang (killed after 30 s), a traceback, an exit code outside the documented ones (docs/safety.md), or a
+refusal that is not one line ``aotc: ...``. Mutations aim at what reaches native code: sizes, shapes,
+ranges, expressions, features, levels, tolerances.
 tests/test_hostile.py runs a short seeded run in CI; the long run (10,000 cases) is for a quiet machine.
 """
 
