@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from aotc import __version__
 from aotc.cpu_features import LEVEL_FEATURES
 from aotc.errors import UnsupportedOp
-from aotc.schema import CpuTarget, CudaTarget, Manifest, ModelInfo, Symbol, TensorSpec
+from aotc.schema import CpuTarget, CudaTarget, Manifest, ModelInfo, Symbol, TensorSpec, interface_text
 
 from . import kernel as K
 from .capture import Captured, capture
@@ -91,7 +91,16 @@ def _cpu_target(
     from .codegen import cpp
     from .compile import compile_cpp
 
-    source = cpp.generate(prog, options)
+    # What the code is built for, from the plan it is generated from; the runtime refuses a manifest that says otherwise.
+    interface = interface_text(
+        target.arch,
+        ((s.name, s.min, s.max) for s in prog.symbols),
+        ((b.dtype.value, tuple(to_size(d) for d in b.shape)) for b in prog.inputs),
+        ((b.dtype.value, tuple(to_size(d) for d in b.shape)) for b in prog.outputs),
+        ((b.dtype.value, tuple(to_size(d) for d in b.shape)) for b in prog.weights),
+        to_size(prog.arena_size),
+    )
+    source = cpp.generate(prog, options, interface)
     lib = compile_cpp(source, target, options, cache_dir)
     member = f"cpu/{target.arch}/model.so"
     members = {member: lib.so_bytes}

@@ -14,6 +14,7 @@ Note: alignment works like Android's zipalign: the local header of each member g
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ from aotc.package import (
     ST_DTYPES,
 )
 from aotc.schema import (
+    HASH_CHUNK,
     MANIFEST,
     Manifest,
     Member,
@@ -132,10 +134,7 @@ def write_package(path: str | Path, manifest: Manifest, members: Mapping[str, by
     """
     for name in members:
         check_member_name(name)
-    filled = dataclasses.replace(
-        manifest,
-        members={n: Member(hashlib.sha256(members[n]).hexdigest(), len(members[n])) for n in sorted(members)},
-    )
+    filled = dataclasses.replace(manifest, members={n: member_hashes(members[n]) for n in sorted(members)})
     missing = [m for m in filled.referenced_members() if m not in members]
     if missing:
         raise PackageCorrupt(f"refusing to write {path}: the manifest refers to members not given: {missing}")
@@ -148,10 +147,36 @@ def write_package(path: str | Path, manifest: Manifest, members: Mapping[str, by
     return filled
 
 
+def member_hashes(data: bytes | memoryview) -> Member:
+    """A member's sha256, size, and (past HASH_CHUNK bytes) the sha256 of each chunk, which the runtime
+    checks on several threads at once."""
+    view = memoryview(data)
+    chunks: tuple[str, ...] = ()
+    if len(view) > HASH_CHUNK:
+        chunks = tuple(hashlib.sha256(view[i : i + HASH_CHUNK]).hexdigest() for i in range(0, len(view), HASH_CHUNK))
+    return Member(hashlib.sha256(view).hexdigest(), len(view), chunks)
+
+
+def _clean_stale(path: Path) -> None:
+    """Remove temporary files that a killed earlier write to ``path`` left (their writer's pid is dead)."""
+    for old in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = old.name[len(path.name) + 2 :].split(".")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            old.unlink(missing_ok=True)
+        except OSError:
+            pass  # alive, or another user's: leave it
+
+
 def _write_atomic(path: Path, chunks: Sequence[bytes | memoryview]) -> None:
-    """Write to a temporary file beside ``path``, fsync, then rename over it: readers see all or nothing."""
+    """Write to a temporary file beside ``path``, fsync, then rename over it: readers see all or nothing.
+    The temporary name holds the writer's pid, so the next write cleans what a killed one left."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    _clean_stale(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -249,6 +249,11 @@ print(time.perf_counter() - t0)
 def bench_cold_start(pkg: str, runs: int = 5) -> dict:
     """Seconds from a new process to the first output: wall time of the child, and its own import->output."""
     out = {}
+    # What `pip install` does: byte-compile the runtime. An editable install under PYTHONDONTWRITEBYTECODE
+    # (set on the CI machines) would otherwise recompile ~3000 lines of aotc in every new process.
+    import aotc
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(aotc.__file__).parent)], capture_output=True, check=False)
     for label, ctx in (("idle", contextlib.nullcontext), ("one_core_busy", _busy_core)):
         walls, inner = [], []
         with ctx():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,6 +40,9 @@ def _errors() -> Iterator[None]:
     except AotcError as e:
         click.echo(f"aotc: {type(e).__name__}: {e}", err=True)
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("aotc: interrupted", err=True)
+        sys.exit(130)  # what a shell reports for SIGINT
 
 
 def _device_option(f: F) -> F:
@@ -107,16 +111,74 @@ def build(
             click.echo(f"  in {report.timing()}")
 
 
+def _read_npy(name: str, file: str) -> np.ndarray:
+    """A .npy file whose header is checked against the file's size before anything is allocated: a header
+    may claim any shape. No pickles, no object arrays, regular files only (a FIFO would hang)."""
+
+    def bad(what: str) -> UsageError:
+        return UsageError(f"--input {name}: cannot read {file} as a .npy file: {what}")
+
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as e:
+        raise bad(getattr(e, "strerror", None) or str(e)) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise bad("not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f".npy format version {version[0]}.{version[1]} (this reads 1.0 and 2.0)")
+            if dtype.hasobject:
+                raise ValueError("it holds Python objects, which would need unpickling")
+            want = math.prod(shape) * dtype.itemsize
+            have = st.st_size - f.tell()
+            if want != have:
+                raise ValueError(f"its header says {dtype}{list(shape)} ({want:,} bytes), the file holds {have:,}")
+            data = f.read(have)
+        except (ValueError, OSError, EOFError, SyntaxError, TypeError, OverflowError) as e:
+            raise bad(str(e)[:300] or type(e).__name__) from None
+    return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
+
+
+def _check_output(out: Path) -> None:
+    """Refuse an --output that cannot be written before the model runs, not after."""
+    if out.is_dir():
+        raise UsageError(f"--output {out} is a directory; name the .npz file to write")
+    folder = out.parent
+    if not folder.is_dir():
+        raise UsageError(f"--output {out}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"--output {out}: the folder {folder} is not writable")
+
+
+def _write_npz(out: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Exactly ``out`` (np.savez would add .npz to a name without it), whole or not at all: written beside
+    it under a temporary name, then renamed over it."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except OSError as e:
+        raise UsageError(f"--output {out}: cannot write it: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _load_input(spec: str, model: Model) -> tuple[str, np.ndarray]:
     name, sep, file = spec.partition("=")
     if not sep or not name or not file:
         raise UsageError(f"--input {spec!r}: use NAME=FILE.npy")
-    try:
-        arr = np.load(file, allow_pickle=False)  # never unpickle user files
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--input {name}: cannot read {file} as a .npy file: {e}") from None
-    if not isinstance(arr, np.ndarray):
-        raise UsageError(f"--input {name}: {file} is an .npz archive; pass one .npy file per input")
+    arr = _read_npy(name, file)
     want = next((s for s in model.inputs if s.name == name), None)
     if want is not None and want.dtype == "bfloat16" and arr.dtype == np.dtype("V2"):
         import ml_dtypes  # .npy stores bfloat16 as raw 2-byte voids
@@ -132,14 +194,16 @@ def _load_input(spec: str, model: Model) -> tuple[str, np.ndarray]:
     "--output",
     "-o",
     "out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write outputs to this .npz (bfloat16 is stored as raw 2-byte values).",
+    type=click.Path(path_type=Path),  # checked by _check_output, in one line, before the model runs
+    help="Write outputs to exactly this file, as .npz (bfloat16 is stored as raw 2-byte values).",
 )
 @click.option("--threads", type=int, default=None, help="CPU threads (default: OpenMP's).")
 @_device_option
 def run(package: Path, inputs: tuple[str, ...], out: Path | None, threads: int | None, device: str) -> None:
     """Run PACKAGE on .npy inputs; print each output's name, shape and dtype."""
     with _errors():
+        if out is not None:
+            _check_output(out)
         model = load(package, device=device, num_threads=threads)
         feeds: dict[str, np.ndarray] = {}
         for spec in inputs:
@@ -153,7 +217,7 @@ def run(package: Path, inputs: tuple[str, ...], out: Path | None, threads: int |
         for name, arr in results.items():
             click.echo(f"{name}: {arr.dtype.name}{list(arr.shape)}")
         if out is not None:
-            np.savez(out, **results)  # type: ignore[arg-type]
+            _write_npz(out, results)
             click.echo(f"wrote {out}")
 
 
@@ -241,4 +305,14 @@ def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
 
 
 def main() -> None:
-    cli(prog_name="aotc")
+    """The console entry: click's own errors as click prints them (exit 2); Ctrl-C anywhere in a command,
+    click's parsing included, one line and exit 130 instead of click's "Aborted!" and exit 1."""
+    try:
+        rv = cli.main(prog_name="aotc", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("aotc: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)

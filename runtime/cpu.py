@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import functools
+import json
+import math
 import os
 import platform
 import re
@@ -29,11 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from .cpu_features import LEVELS, cpu_flags, cpu_level, missing_features
-from .errors import DeviceError, IncompatiblePackage, InputMismatch, UsageError
+from .cpu_features import LEVEL_FEATURES, LEVELS, cpu_flags, cpu_level, missing_features
+from .errors import DeviceError, IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
 from .package import Package, aligned_empty
-from .schema import CpuTarget, TensorSpec, dtype_name, numpy_dtype
-from .shapes import evaluate
+from .schema import INTERFACE_MARK, CpuTarget, Manifest, TensorSpec, cpu_interface, dtype_name, numpy_dtype, size_at
 
 ABI_VERSION = 1  # AOTC_ABI_VERSION in cpp_templates/aotc_abi.h
 CDEF = """
@@ -47,6 +48,7 @@ void aotc_set_num_threads(int32_t n);
 from ._cffi_cpu import ffi as _ffi  # noqa: E402
 
 _ERRLEN = 4096
+MAX_THREADS = 1024  # a pool this large is already far past any machine's cores; more only exhausts memory
 _OPENMP_RUNTIMES = (b"libgomp.so.1", b"libomp.so", b"libomp.so.5", b"libiomp5.so")
 
 
@@ -60,12 +62,49 @@ def select_target(targets: Sequence[CpuTarget], flags: frozenset[str] | None = N
     have = cpu_flags() if flags is None else flags
     ranked = sorted(targets, key=lambda t: LEVELS.index(t.level), reverse=True)
     for t in ranked:
-        if not missing_features(t.features, have):
+        if not missing_features(_needs(t), have):
             return t
-    needs = "; ".join(f"cpu:{t.level} needs {', '.join(missing_features(t.features, have))}" for t in ranked)
+    needs = "; ".join(f"cpu:{t.level} needs {', '.join(missing_features(_needs(t), have))}" for t in ranked)
     raise IncompatiblePackage(
         f"no CPU target of this package runs on this CPU ({cpu_level(have)}): {needs}. "
         f"Rebuild with --target cpu:{cpu_level(have)} (or cpu:native on this machine)"
+    )
+
+
+def _needs(t: CpuTarget) -> tuple[str, ...]:
+    """The features a target needs: its level's, whatever its list says (a list edited to claim less must
+    not let an AVX-512 library reach an AVX2 CPU), plus any extra it names."""
+    return tuple(dict.fromkeys((*LEVEL_FEATURES[t.level], *t.features)))
+
+
+def embedded_interface(code: bytes, name: str) -> str:
+    """The interface text a library embeds after INTERFACE_MARK (``aotc.schema.interface_text``)."""
+    at = code.find(INTERFACE_MARK)
+    end = code.find(b"\0", at)
+    if at < 0 or code.find(INTERFACE_MARK, at + 1) >= 0 or end < 0:
+        raise PackageCorrupt(f"{name} carries no single aotc interface record: it was not built by this aotc; rebuild the package")
+    try:
+        return code[at + len(INTERFACE_MARK) : end].decode("ascii")
+    except UnicodeDecodeError:
+        raise PackageCorrupt(f"{name}: its interface record is not ASCII; rebuild the package") from None
+
+
+def check_interface(code: bytes, m: Manifest, t: CpuTarget) -> None:
+    """Refuse, before dlopen, a manifest that describes a library other than the one it holds: the sizes the
+    code reads and writes are the ones it was built with, whatever the manifest says."""
+    got, want = embedded_interface(code, t.library), cpu_interface(m, t)
+    if got == want:
+        return
+    try:
+        built = json.loads(got)
+        said = json.loads(want)
+        key = next((k for k in sorted(said) if said.get(k) != built.get(k)), "?")
+        what = f"its {key} are {json.dumps(built.get(key))[:300]}, the manifest says {json.dumps(said.get(key))[:300]}"
+    except (ValueError, RecursionError):
+        what = "its interface record is malformed"
+    raise PackageCorrupt(
+        f"{t.library} was built for another interface than its manifest describes: {what}; "
+        "the manifest was edited or the package is damaged: rebuild it"
     )
 
 
@@ -188,8 +227,12 @@ class CpuExecutor:
         num_threads: int | None = None,
         fixed_threads: bool = False,
     ) -> None:
-        if num_threads is not None and num_threads < 0:
-            raise UsageError(f"num_threads must be >= 0 (0 or None: every core the process may use), got {num_threads}")
+        if num_threads is not None and (
+            not isinstance(num_threads, int) or isinstance(num_threads, bool) or not 0 <= num_threads <= MAX_THREADS
+        ):
+            raise UsageError(
+                f"num_threads must be an int from 0 to {MAX_THREADS} (0 or None: every core the process may use), got {num_threads!r}"
+            )
         if target.abi_version != ABI_VERSION:
             raise IncompatiblePackage(
                 f"{target.library} uses aotc C ABI version {target.abi_version}; this runtime speaks version "
@@ -208,6 +251,7 @@ class CpuExecutor:
                 raise ValueError("weights must be 64-byte aligned (the C ABI promises it)")
         check_glibc(target)
         code = package.read(target.library)  # the sha256 check happens here, before dlopen sees a byte
+        check_interface(code, package.manifest, target)
         self._lib = _dlopen_bytes(code, target.library)
         # cffi never dlcloses on its own; without this every load would leak a mapped library.
         self._close = weakref.finalize(self, _ffi.dlclose, self._lib)
@@ -244,9 +288,13 @@ class CpuExecutor:
         return arr, tuple(arr.shape), dtype_name(arr.dtype) or arr.dtype.str
 
     def execute(self, inputs: Sequence[np.ndarray], env: Mapping[str, int], out_shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-        outs = [np.empty(s, d) for s, d in zip(out_shapes, self._out_dtypes, strict=True)]
-        arena = evaluate(self.spec.arena_bytes, env)
-        self.run(inputs, [env[s] for s in self._symbols], outs, arena)
+        arena = size_at(self.spec.arena_bytes, env, f"{self.target} arena_bytes")
+        try:
+            outs = [np.empty(s, d) for s, d in zip(out_shapes, self._out_dtypes, strict=True)]
+            self.run(inputs, [env[s] for s in self._symbols], outs, arena)
+        except MemoryError:
+            total = arena + sum(math.prod(s) * d.itemsize for s, d in zip(out_shapes, self._out_dtypes, strict=True))
+            raise DeviceError(f"out of memory: this call needs {total:,} bytes for its outputs and scratch; pass smaller inputs") from None
         return outs
 
     def to_host(self, value: np.ndarray) -> np.ndarray:

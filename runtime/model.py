@@ -15,6 +15,7 @@ packages where some symbol is not a plain dimension of any input, so binding nev
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import numpy as np
 
 from .errors import IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
 from .package import Package
-from .schema import Manifest, Symbol, TensorSpec
+from .schema import Manifest, Symbol, TensorSpec, nbytes
 from .shapes import ShapeExprError, Size, evaluate
 
 
@@ -61,11 +62,18 @@ def load(path: str | Path, device: str = "auto", num_threads: int | None = None)
     "cpu", "cuda" or "cuda:N". num_threads: at most this many threads per call on the CPU target (None:
     every core), fewer while other processes keep cores busy.
     """
+    if not isinstance(path, str | os.PathLike):
+        raise UsageError(f"aotc.load takes a package path (str or os.PathLike), got {type(path).__name__}")
+    if not isinstance(device, str):
+        raise UsageError(f"device must be a string (auto, cpu, cuda or cuda:N), got {type(device).__name__}")
     dev = device.strip().lower()
     if dev not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", dev):
         raise UsageError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
+    if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool)):
+        raise UsageError(f"num_threads must be an int or None, got {type(num_threads).__name__} {num_threads!r}")
     package = Package(path)
     m = package.manifest
+    verify_for_load(package)  # every hash this load may rely on, before any code is loaded
     fallback = None
     if dev.startswith("cuda") or (dev == "auto" and m.cuda_targets):
         try:
@@ -83,6 +91,21 @@ def load(path: str | Path, device: str = "auto", num_threads: int | None = None)
             raise
         raise IncompatiblePackage(f"{e}; and the CUDA targets cannot run either: {fallback}") from None
     return Model(package, CpuExecutor(package, target, num_threads=num_threads), fallback)
+
+
+def verify_for_load(package: Package) -> None:
+    """Check the hashes of every member a load may use, before any code object reaches dlopen or the driver:
+    all of them but the packed weights of CPU targets this CPU will not pick (each is the size of the
+    weights, and only its own target reads it)."""
+    from .cpu import select_target
+
+    m = package.manifest
+    try:
+        pick = select_target(m.cpu_targets) if m.cpu_targets else None
+    except IncompatiblePackage:
+        pick = None
+    skip = {t.packed.member for t in m.cpu_targets if t.packed is not None and t is not pick}
+    package.verify_members(n for n in m.members if n not in skip)
 
 
 def _open_cuda(package: Package, device: str) -> Executor:
@@ -246,21 +269,23 @@ class Model:
             )
 
     def output_shapes(self, env: Mapping[str, int]) -> list[tuple[int, ...]]:
+        """Each output's shape under ``env``; a shape that cannot be computed, or that comes out negative or
+        past int64, is the package's fault (PackageCorrupt): the inputs were checked against their ranges."""
         out = []
-        for spec in self.outputs:
-            try:
-                shape = tuple(evaluate(d, env) for d in spec.shape)
-            except ShapeExprError as e:
-                raise InputMismatch(f"output {spec.name!r}: its shape cannot be computed for these inputs: {e}") from None
-            if any(d < 0 for d in shape):
-                raise InputMismatch(f"output {spec.name!r}: these inputs give it a negative size {list(shape)}")
-            out.append(shape)
+        for i, spec in enumerate(self.outputs):
+            nbytes(spec, env, f"outputs[{i}].shape")
+            out.append(tuple(evaluate(d, env) for d in spec.shape))
         return out
 
     # -- running --
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run once; ``feeds`` maps every input name to an array. Returns outputs by name, in order."""
+        if not isinstance(feeds, Mapping):
+            raise InputMismatch(
+                f"Model.run takes a mapping of input names to arrays, got {type(feeds).__name__}: "
+                f"model.run({{{', '.join(f'{s.name!r}: ...' for s in self.inputs)}}}), or call model(...) with positional inputs"
+            )
         self._check_names(feeds)
         arrays, shapes = [], []
         for spec in self.inputs:

@@ -7,8 +7,9 @@ against the file, reads and validates the manifest, and hands out members only a
 What it is not: a general ZIP reader. A package is written by ``aotc_build.package``: stored members only,
 no encryption, no multi-disk, no data descriptors; anything else is refused as corrupt.
 
-Note: hashes are checked lazily, member by member, the first time a member is used. Loading the CPU
-target of a package never hashes its cubins, and ``inspect`` can still list a corrupt member. Weights stay
+Note: ``aotc.load`` checks the hashes of every member it may use (``verify_members``) before any code is
+loaded, several threads at once: members over HASH_CHUNK bytes carry one sha256 per chunk, so one big
+weight blob is checked in parallel too. A member first used later (``view``) is checked then. Weights stay
 mapped, so a file rewritten in place after loading changes them; code is copied out and hashed as copied.
 """
 
@@ -16,11 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import mmap
+import os
+import stat
 import struct
+import threading
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,18 @@ from typing import Any
 import numpy as np
 
 from .errors import PackageCorrupt, UsageError
-from .schema import ITEMSIZE, MANIFEST, MAX_MANIFEST_BYTES, Manifest, TensorSpec, Weights, check_member_name, from_json
+from .schema import (
+    HASH_CHUNK,
+    ITEMSIZE,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    TensorSpec,
+    Weights,
+    check_member_name,
+    from_json,
+    strict_json,
+)
 from .schema import numpy_dtype as _np_dtype
 
 # ---- the ZIP records (shared with the writer, aotc_build.package) -----------------------------------------
@@ -181,9 +196,9 @@ def parse_safetensors(buf: memoryview, member: str) -> dict[str, StTensor]:
     if hlen > min(MAX_ST_HEADER, len(buf) - 8):
         raise bad(f"safetensors header length {hlen} out of bounds")
     try:
-        header = json.loads(bytes(buf[8 : 8 + hlen]))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad(f"safetensors header is not JSON ({e})") from None
+        header = strict_json(bytes(buf[8 : 8 + hlen]), "the safetensors header")
+    except PackageCorrupt as e:
+        raise bad(str(e)) from None
     if not isinstance(header, dict):
         raise bad("safetensors header is not an object")
     base = 8 + hlen
@@ -236,16 +251,8 @@ class Package:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                self.size = f.seek(0, 2)
-                if self.size == 0:
-                    raise _corrupt(self.path, "empty file")
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except FileNotFoundError:
-            raise UsageError(f"package {self.path} does not exist") from None
-        except IsADirectoryError:
-            raise UsageError(f"{self.path} is a directory, not a package file") from None
+        self._mm = _map(self.path)
+        self.size = len(self._mm)
         self._verified: set[str] = set()
         self._weights: list[np.ndarray] | None = None
         self.entries = read_entries(self._mm, self.path)
@@ -287,11 +294,48 @@ class Package:
     def view(self, member: str) -> memoryview:
         """A zero-copy, hash-checked, read-only view of a member's bytes."""
         e = self._entry(member)
-        mv = memoryview(self._mm)[e.offset : e.offset + e.size]
         if member not in self._verified:
-            self._verify(member, hashlib.sha256(mv).hexdigest())
-            self._verified.add(member)
-        return mv
+            self.verify_members([member])
+        return memoryview(self._mm)[e.offset : e.offset + e.size]
+
+    def verify_members(self, members: Iterable[str], threads: int | None = None) -> None:
+        """Check the sha256 of every member named (its chunks' when it has them) now, on up to ``threads``
+        threads (default: the cores this process may use, at most 8); hashlib releases the GIL, so the
+        threads hash at once. Raises PackageCorrupt naming the first member, in the order given, that fails."""
+        names = [n for n in dict.fromkeys(members) if n not in self._verified]
+        jobs: list[tuple[int, int, str, int]] = []  # (start, end, digest wanted, index of the member)
+        for j, name in enumerate(names):
+            e, mem = self._entry(name), self.manifest.members[name]
+            if mem.chunks:
+                for i, want in enumerate(mem.chunks):
+                    start = e.offset + i * HASH_CHUNK
+                    jobs.append((start, min(start + HASH_CHUNK, e.offset + e.size), want, j))
+            else:
+                jobs.append((e.offset, e.offset + e.size, mem.sha256, j))
+        jobs.sort(key=lambda job: job[0] - job[1])  # largest first: the threads finish together
+        failed: list[int] = []
+        mv = memoryview(self._mm)
+        todo = iter(jobs)  # shared: a list iterator hands each job to exactly one thread
+
+        def work() -> None:
+            for start, end, want, j in todo:
+                if hashlib.sha256(mv[start:end]).hexdigest() != want:
+                    failed.append(j)
+
+        total = sum(end - start for start, end, _, _ in jobs)
+        n = min(threads or _hash_threads(), len(jobs), 1 + total // (4 << 20))  # small work: this thread alone
+        helpers = [threading.Thread(target=work, name="aotc-sha256", daemon=True) for _ in range(n - 1)]
+        for t in helpers:
+            t.start()
+        work()
+        for t in helpers:
+            t.join()
+        if failed:
+            name = names[min(failed)]
+            e = self._entry(name)
+            self._verify(name, hashlib.sha256(mv[e.offset : e.offset + e.size]).hexdigest())  # names both digests
+            raise _corrupt(self.path, f"member {name!r} fails its chunk sha256 check")  # chunks lie, the whole agrees
+        self._verified.update(names)
 
     def read(self, member: str) -> bytes:
         """A private copy of a member, hashed after copying: the bytes returned are the bytes checked.
@@ -302,9 +346,12 @@ class Package:
         return data
 
     def check(self, member: str) -> bool:
-        """Whether a listed member's bytes match the manifest's sha256 (no exception; for ``inspect``)."""
+        """Whether a listed member's bytes match the manifest's sha256 and chunk hashes (no exception; for
+        ``inspect``, which hashes every member whole as well, unlike ``load``)."""
+        e = self._entry(member)
         try:
-            self.view(member)
+            self._verify(member, hashlib.sha256(memoryview(self._mm)[e.offset : e.offset + e.size]).hexdigest())
+            self.verify_members([member])
         except PackageCorrupt:
             return False
         return True
@@ -370,6 +417,40 @@ class Package:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _hash_threads() -> int:
+    try:
+        return max(1, min(8, len(os.sched_getaffinity(0))))
+    except (AttributeError, OSError):
+        return max(1, min(8, os.cpu_count() or 1))
+
+
+def _map(path: Path) -> mmap.mmap:
+    """The package file mapped read-only. Anything but a regular, non-empty file is refused at once: opened
+    non-blocking, so a FIFO cannot hang the open, and checked with fstat before a byte is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise UsageError(f"package {path} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory, not a package file") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise UsageError(f"cannot open package {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{path} is a directory, not a package file")
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{path} is not a regular file (a FIFO, device or socket): pass the package file itself")
+        if st.st_size == 0:
+            raise _corrupt(path, "empty file (or a file like those under /proc that has no fixed size)")
+        try:
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise _corrupt(path, f"cannot be mapped ({getattr(e, 'strerror', None) or e})") from None
+    finally:
+        os.close(fd)
 
 
 def _describe(spec: TensorSpec) -> str:

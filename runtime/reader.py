@@ -103,7 +103,7 @@ def _union(args: tuple[Any, ...], value: object, where: str) -> Any:
         return size(value, where)
     if kinds is not None:
         kind = value.get("kind") if isinstance(value, dict) else None
-        if kind not in kinds:
+        if not isinstance(kind, str | None) or kind not in kinds:
             known = ", ".join(str(k) for k in kinds)
             raise bad(_at(where, "kind"), f"unknown kind {kind!r} (known: {known})")
         return _object(kinds[kind], value, where)
@@ -122,10 +122,15 @@ def _is(t: type, value: object) -> bool:
     return isinstance(value, t) and not isinstance(value, bool)
 
 
+MAX_SIZE = 1 << 62  # no buffer, offset or dimension of a real model comes near; int64 math in C stays exact
+
+
 def size(value: object, where: str) -> shapes.Size:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise bad(where, f"negative size {value}")
+        if value > MAX_SIZE:
+            raise bad(where, f"size {value} is over the 2**62 limit")
         return value
     if isinstance(value, str):
         try:

@@ -10,7 +10,7 @@ writes it.
 
 A manifest (JSON, keys sorted)::
 
-    {"format": "aotc", "format_version": 3,
+    {"format": "aotc", "format_version": 4,
      "model": {"name": "mlp", "source_sha256": "…"},
      "build": {"aotc": "0.1.0", "torch": "2.13.0", …},
      "symbols": [{"name": "s0", "label": "batch", "min": 1, "max": 256}],
@@ -20,7 +20,7 @@ A manifest (JSON, keys sorted)::
      "targets": [{"kind": "cpu", "level": "x86-64-v4", "library": "cpu/x86-64-v4/model.so",
                   "packed": {"member": "cpu/x86-64-v4/packed.safetensors", "tensors": […]}, …},
                  {"kind": "cuda", "arch": "sm_90", "kernels": […], "launches": […], …}],
-     "members": {"weights.safetensors": {"sha256": "…", "size": 123}, …},
+     "members": {"weights.safetensors": {"sha256": "…", "size": 123, "chunks": []}, …},
      "selftest": {"member": "selftest.safetensors", "inputs": […], "outputs": […], "rtol": …, "atol": …}}
 
 A CUDA target holds only what is its own; inputs, outputs, weights and symbols are the manifest's::
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -53,18 +54,26 @@ from typing import Any, Literal
 import numpy as np
 
 from . import shapes
+from .cpu_features import LEVEL_FEATURES
 from .cpu_features import LEVELS as CPU_LEVELS  # the levels are defined once, with their features
 from .errors import IncompatiblePackage, PackageCorrupt
+from .reader import MAX_SIZE as MAX_BYTES  # the largest buffer any size may come to (int64 math in C stays exact)
 from .reader import bad as _bad
 from .reader import plain, read
 from .reader import size as _size
 from .shapes import Size
 
 FORMAT = "aotc"
-FORMAT_VERSION = 3  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;
-# 3: a CPU target may carry ``packed`` weights (its own safetensors member)
+FORMAT_VERSION = 4  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;
+# 3: a CPU target may carry ``packed`` weights (its own safetensors member);
+# 4: members over HASH_CHUNK bytes list a sha256 per chunk (checked in parallel at load), and every CPU
+#    library carries its own interface (INTERFACE_MARK), which the runtime compares with the manifest
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
+HASH_CHUNK = 8 << 20  # members larger than this carry one sha256 per HASH_CHUNK-byte piece, in order
+INTERFACE_MARK = b"aotc-interface-1:"  # prefix of the NUL-terminated JSON a CPU library embeds
+MAX_DIM = 1 << 40  # the largest size a symbol's range or a static dimension may name
+MAX_RANK = 64
 
 # Manifest dtype names (the values of aotc_build.ir.DType) and their item sizes.
 ITEMSIZE: dict[str, int] = {
@@ -264,6 +273,7 @@ Target = CpuTarget | CudaTarget
 class Member:
     sha256: str
     size: int
+    chunks: tuple[str, ...] = ()  # the sha256 of each HASH_CHUNK-byte piece, when size > HASH_CHUNK
 
 
 @dataclass(frozen=True)
@@ -322,6 +332,46 @@ class Manifest:
         return out
 
 
+# ---- what a CPU library was built for -----------------------------------------------------------------
+
+
+def interface_text(
+    level: str,
+    symbols: Iterable[tuple[str, int, int | None]],
+    inputs: Iterable[tuple[str, tuple[Size, ...]]],
+    outputs: Iterable[tuple[str, tuple[Size, ...]]],
+    weights: Iterable[tuple[str, tuple[Size, ...]]],
+    arena_bytes: Size,
+) -> str:
+    """The canonical text of a CPU library's interface: everything that decides how many bytes it reads and
+    writes (symbols and ranges, dtypes and shapes of inputs, outputs and weights in ABI order, the arena)
+    and the level it was compiled for. The builder embeds it in the library after INTERFACE_MARK; the
+    runtime compares it with ``cpu_interface`` of the manifest before dlopen, so a manifest that lies about
+    a size is refused instead of letting the code write past a buffer."""
+    doc = {
+        "level": level,
+        "symbols": [[n, lo, hi] for n, lo, hi in symbols],
+        "inputs": [[d, list(s)] for d, s in inputs],
+        "outputs": [[d, list(s)] for d, s in outputs],
+        "weights": [[d, list(s)] for d, s in weights],
+        "arena_bytes": arena_bytes,
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def cpu_interface(m: Manifest, t: CpuTarget) -> str:
+    """What the manifest says the library of ``t`` was built for, as ``interface_text``."""
+    weights = (*m.weights.tensors, *(t.packed.tensors if t.packed is not None else ()))
+    return interface_text(
+        t.level,
+        ((s.name, s.min, s.max) for s in m.symbols),
+        ((x.dtype, x.shape) for x in m.inputs),
+        ((x.dtype, x.shape) for x in m.outputs),
+        ((x.dtype, x.shape) for x in weights),
+        t.arena_bytes,
+    )
+
+
 # ---- JSON ------------------------------------------------------------------------------------------------
 
 
@@ -355,19 +405,42 @@ def from_dict(d: object) -> Manifest:
         raise IncompatiblePackage(
             f"package format version {version}; this runtime (aotc {__version__}) reads format version {FORMAT_VERSION}: {fix}"
         )
-    m = read(Manifest, {k: v for k, v in d.items() if k != "format"})
-    validate(m)
+    try:
+        m = read(Manifest, {k: v for k, v in d.items() if k != "format"})
+        validate(m)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError, OverflowError) as e:
+        # A check above that missed a malformed value: still a refusal of the package, never a traceback.
+        raise PackageCorrupt(f"manifest.json cannot be read ({type(e).__name__}: {str(e)[:200]}); the package is damaged") from None
     return m
 
 
 def from_json(text: str | bytes) -> Manifest:
     if len(text) > MAX_MANIFEST_BYTES:
         raise PackageCorrupt(f"manifest.json is {len(text)} bytes, over the {MAX_MANIFEST_BYTES} byte limit")
+    return from_dict(strict_json(text, "manifest.json"))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"duplicate key {dup!r}")
+    return d
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def strict_json(text: str | bytes, what: str) -> Any:
+    """JSON as the writer makes it: no duplicate keys, no NaN or Infinity; nesting too deep for the parser,
+    like every other fault, is PackageCorrupt naming ``what``."""
     try:
-        d = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise PackageCorrupt(f"manifest.json is not valid JSON ({e}); the package is damaged") from None
-    return from_dict(d)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError, MemoryError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError | MemoryError) else str(e)[:200]
+        raise PackageCorrupt(f"{what} is not valid JSON ({why}); the package is damaged or was not written by aotc") from None
 
 
 # ---- cross-field checks ----------------------------------------------------------------------------------
@@ -409,6 +482,8 @@ def validate(m: Manifest) -> None:
             raise _bad(f"symbols[{i}].name", f"{s.name!r} is not an identifier")
         if s.min < 0 or (s.max is not None and s.max < s.min):
             raise _bad(f"symbols[{i}]", f"bad range [{s.min}, {s.max}]")
+        if max(s.min, s.max or 0) > MAX_DIM:
+            raise _bad(f"symbols[{i}]", f"range [{s.min}, {s.max}] reaches past 2**40, more than any tensor holds")
     _unique((s.name for s in m.symbols), "symbols")
     declared = {s.name for s in m.symbols}
     _unique((t.name for t in m.inputs), "inputs")
@@ -424,6 +499,8 @@ def validate(m: Manifest) -> None:
         for i, t in enumerate(specs):
             if t.dtype not in ITEMSIZE:
                 raise _bad(f"{group}[{i}].dtype", f"unknown dtype {t.dtype!r} (known: {', '.join(ITEMSIZE)})")
+            if len(t.shape) > MAX_RANK:
+                raise _bad(f"{group}[{i}].shape", f"rank {len(t.shape)} is over the limit of {MAX_RANK}")
             for a, d in enumerate(t.shape):
                 _expr(d, f"{group}[{i}].shape[{a}]", declared)
             if group.endswith("tensors") and not t.is_static:
@@ -439,6 +516,9 @@ def validate(m: Manifest) -> None:
             if tg.level not in CPU_LEVELS:
                 raise _bad(f"targets[{i}].level", f"unknown level {tg.level!r} (known: {', '.join(CPU_LEVELS)})")
             check_member_name(tg.library, f"targets[{i}].library")
+            lacking = [f for f in LEVEL_FEATURES[tg.level] if f not in tg.features]
+            if lacking:
+                raise _bad(f"targets[{i}].features", f"level {tg.level} needs {', '.join(lacking)}, which the list leaves out")
             _expr(tg.arena_bytes, f"targets[{i}].arena_bytes", declared)
             if not isinstance(tg.min_glibc, str) or (tg.min_glibc and not re.fullmatch(r"\d+\.\d+", tg.min_glibc)):
                 raise _bad(f"targets[{i}].min_glibc", f"expected a glibc version like '2.36', got {tg.min_glibc!r}")
@@ -449,18 +529,65 @@ def validate(m: Manifest) -> None:
         check_member_name(st.member, "selftest.member")
         if len(st.inputs) != len(m.inputs) or len(st.outputs) != len(m.outputs):
             raise _bad("selftest", "needs one key per input and one per output")
-        if not (st.rtol >= 0 and st.atol >= 0):
-            raise _bad("selftest", f"bad tolerances rtol={st.rtol} atol={st.atol}")
+        if not (0 <= st.rtol <= 1 and 0 <= st.atol <= 1):  # NaN fails both; past 1 a self-test tests nothing
+            raise _bad("selftest", f"bad tolerances rtol={st.rtol} atol={st.atol} (each must be in [0, 1])")
     for path, mem in m.members.items():
         check_member_name(path, f"members[{path!r}]")
         if not _SHA256.fullmatch(mem.sha256):
             raise _bad(f"members.{path}.sha256", "not a lowercase hex sha256")
-        if mem.size < 0:
-            raise _bad(f"members.{path}.size", "negative")
+        if not 0 <= mem.size <= MAX_BYTES:
+            raise _bad(f"members.{path}.size", f"{mem.size} is out of range")
+        if len(mem.chunks) != (-(-mem.size // HASH_CHUNK) if mem.size > HASH_CHUNK else 0):
+            raise _bad(f"members.{path}.chunks", f"{len(mem.chunks)} chunk hashes for {mem.size} bytes in {HASH_CHUNK}-byte chunks")
+        if not all(_SHA256.fullmatch(c) for c in mem.chunks):
+            raise _bad(f"members.{path}.chunks", "not lowercase hex sha256s")
     if m.members:
         for path in m.referenced_members():
             if path not in m.members:
                 raise _bad("members", f"{path!r} is referenced but not listed")
+    _check_extremes(m)
+
+
+def extreme_envs(symbols: tuple[Symbol, ...]) -> list[dict[str, int]]:
+    """Every symbol at its minimum, then at its maximum (its minimum when unbounded)."""
+    lo = {s.name: s.min for s in symbols}
+    hi = {s.name: s.min if s.max is None else s.max for s in symbols}
+    return [lo] if hi == lo else [lo, hi]
+
+
+def nbytes(spec: TensorSpec, env: Mapping[str, int], where: str) -> int:
+    """The byte size of ``spec`` under ``env``; PackageCorrupt when a size cannot be computed, is negative, or
+    comes to more than any machine holds (the C code would compute it in int64)."""
+    try:
+        shape = [shapes.evaluate(d, env) for d in spec.shape]
+    except shapes.ShapeExprError as e:
+        raise _bad(where, str(e)) from None
+    total = math.prod(shape) * ITEMSIZE[spec.dtype]
+    if min(shape, default=0) < 0 or total > MAX_BYTES or max(shape, default=0) > MAX_BYTES:
+        raise _bad(where, f"comes to {spec.dtype}{shape} at {dict(env)}, which no buffer can be")
+    return total
+
+
+def size_at(size: Size, env: Mapping[str, int], where: str) -> int:
+    """A size under ``env``, bounded like ``nbytes``."""
+    try:
+        v = shapes.evaluate(size, env)
+    except shapes.ShapeExprError as e:
+        raise _bad(where, str(e)) from None
+    if not 0 <= v <= MAX_BYTES:
+        raise _bad(where, f"{size!r} comes to {v} at {dict(env)}, which no buffer can be")
+    return v
+
+
+def _check_extremes(m: Manifest) -> None:
+    """Inputs, outputs and arenas at the symbols' extremes: a division by zero or a size past int64 is found
+    here, at load, not in the middle of a call."""
+    for env in extreme_envs(m.symbols):
+        for group, specs in (("inputs", m.inputs), ("outputs", m.outputs)):
+            for i, spec in enumerate(specs):
+                nbytes(spec, env, f"{group}[{i}].shape")
+        for i, t in enumerate(m.targets):
+            size_at(t.arena_bytes, env, f"targets[{i}].arena_bytes")
 
 
 _ARCH = re.compile(r"sm_[0-9]+a?")

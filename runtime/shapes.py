@@ -16,6 +16,10 @@ from collections.abc import Callable, Mapping
 Size = int | str
 
 _FUNCS = {"Max", "Min", "CeilDiv", "FloorDiv", "Mod"}
+# Bounds on package text before it reaches the parser: the builder's longest expressions (arena offsets of
+# big models) are a few hundred characters and a dozen levels deep.
+MAX_LEN = 4096
+MAX_DEPTH = 200
 
 
 class ShapeExprError(ValueError):
@@ -24,32 +28,39 @@ class ShapeExprError(ValueError):
 
 @functools.lru_cache(maxsize=4096)
 def _parse(text: str) -> ast.expr:
+    if len(text) > MAX_LEN:
+        raise ShapeExprError(f"size expression of {len(text)} characters {text[:40]!r}…: over the {MAX_LEN} limit")
     try:
         tree = ast.parse(text, mode="eval").body
     except SyntaxError as e:
-        raise ShapeExprError(f"size expression {text!r} does not parse: {e.msg}") from None
-    _check(tree, text)
+        raise ShapeExprError(f"size expression {text[:80]!r} does not parse: {e.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as e:  # ValueError: a NUL byte
+        raise ShapeExprError(f"size expression {text[:40]!r}… cannot be parsed ({type(e).__name__})") from None
+    _check(tree, text, 0)
     return tree
 
 
-def _check(node: ast.AST, text: str) -> None:
+def _check(node: ast.AST, text: str, depth: int) -> None:
+    if depth > MAX_DEPTH:  # deeper than any size the builder writes; and _eval recurses
+        raise ShapeExprError(f"size expression {text[:40]!r}… nests deeper than {MAX_DEPTH} levels")
+    depth += 1
     ok = (
         isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool)
     ) or isinstance(node, ast.Name)
     if isinstance(node, ast.BinOp) and isinstance(
         node.op, ast.Add | ast.Sub | ast.Mult | ast.FloorDiv | ast.Mod
     ):
-        _check(node.left, text)
-        _check(node.right, text)
+        _check(node.left, text, depth)
+        _check(node.right, text, depth)
         ok = True
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        _check(node.operand, text)
+        _check(node.operand, text, depth)
         ok = True
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
         if node.keywords or not node.args:
             raise ShapeExprError(f"size expression {text!r}: bad call to {node.func.id}")
         for a in node.args:
-            _check(a, text)
+            _check(a, text, depth)
         ok = True
     if not ok:
         raise ShapeExprError(f"size expression {text!r} uses {type(node).__name__}, outside the grammar")

@@ -3,7 +3,8 @@
 The C++ library implements cpp_templates/aotc_abi.h by hand and is compiled once per session with g++.
 It checks the ABI's alignment promises, returns an error for NaN inputs (to test error propagation), and
 takes -DSCALE=k to make a library that computes something else (to test that two loads never mix up)
-and -DFAKE_ABI=n to report another ABI version.
+and -DFAKE_ABI=n to report another ABI version; -DMARK_LOAD makes its constructor create the file named by
+$AOTC_TEST_LOADED (so a test can tell that no package code ran before a refusal).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from aotc.cpu_features import LEVEL_FEATURES
-from aotc.schema import CpuTarget, Manifest, ModelInfo, Symbol, TensorSpec
+from aotc.schema import INTERFACE_MARK, CpuTarget, Manifest, ModelInfo, Symbol, TensorSpec, cpu_interface
 from aotc_build.package import weights_member
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +29,14 @@ AFFINE_CPP = r"""
 #endif
 
 static int32_t g_threads = 0;
+
+#ifdef MARK_LOAD  // proves, in tests, whether the library's code ever ran: its constructor leaves a file
+#include <stdlib.h>
+__attribute__((constructor)) static void aotc_test_mark(void) {
+    const char* p = getenv("AOTC_TEST_LOADED");
+    if (p) { FILE* f = fopen(p, "w"); if (f) fclose(f); }
+}
+#endif
 
 int32_t aotc_abi_version(void) {
 #ifdef FAKE_ABI
@@ -108,3 +117,11 @@ def affine_manifest(level: str = "x86-64-v2", lib: str = "cpu/x86-64-v2/model.so
     )
 
 
+
+
+def affine_interface_cpp(m: Manifest | None = None) -> str:
+    """The interface record (aotc.schema.interface_text) the builder embeds in every library, for AFFINE_CPP
+    in the package of manifest ``m`` (default: ``affine_manifest()``)."""
+    m = m or affine_manifest()
+    text = (INTERFACE_MARK.decode() + cpu_interface(m, m.cpu_targets[0])).replace("\\", "\\\\").replace('"', '\\"')
+    return f'\nextern "C" __attribute__((used, visibility("default"))) const char aotc_interface[] = "{text}";\n'

@@ -11,41 +11,46 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from affine_pkg import AFFINE_CPP, INCLUDE, B, W, affine_manifest, reference
+from affine_pkg import AFFINE_CPP, INCLUDE, B, W, affine_interface_cpp, affine_manifest, reference
 from aotc.schema import Manifest
 from aotc_build.package import selftest_member, weights_member, write_package
 
 
 @pytest.fixture(scope="session")
 def compile_lib(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., bytes]:
-    """Compile AFFINE_CPP (with -D defines) once per distinct define set; returns the .so bytes."""
+    """Compile AFFINE_CPP (with -D defines) once per distinct define set; returns the .so bytes. It embeds
+    the interface of ``manifest`` (default: the affine manifest's), as the builder embeds its plan's."""
     if shutil.which("g++") is None:
         pytest.skip("g++ is needed to build the test library")
-    cache: dict[tuple[str, ...], bytes] = {}
+    cache: dict[tuple, bytes] = {}
     work = tmp_path_factory.mktemp("lib")
-    (work / "affine.cpp").write_text(AFFINE_CPP)
 
-    def build(*defines: str) -> bytes:
-        if defines not in cache:
-            out = work / f"affine{len(cache)}.so"
+    def build(*defines: str, manifest: Manifest | None = None) -> bytes:
+        record = affine_interface_cpp(manifest)
+        key = (defines, record)
+        if key not in cache:
+            src, out = work / f"affine{len(cache)}.cpp", work / f"affine{len(cache)}.so"
+            src.write_text(AFFINE_CPP + record)
             cmd = ["g++", "-O2", "-shared", "-fPIC", "-fopenmp", f"-I{INCLUDE}", *(f"-D{d}" for d in defines)]
-            subprocess.run([*cmd, str(work / "affine.cpp"), "-o", str(out)], check=True)
-            cache[defines] = out.read_bytes()
-        return cache[defines]
+            subprocess.run([*cmd, str(src), "-o", str(out)], check=True)
+            cache[key] = out.read_bytes()
+        return cache[key]
 
     return build
 
 
 @pytest.fixture
 def make_package(tmp_path: Path, compile_lib: Callable[..., bytes]) -> Callable[..., Path]:
-    """make_package(name="a.pkg", edit=None, defines=(), selftest=True) -> path of a written package.
-    ``edit(manifest, members) -> (manifest, members)`` changes either before writing."""
+    """make_package(name="a.pkg", edit=None, defines=(), selftest=True, relink=False) -> path of a written
+    package. ``edit(manifest, members) -> (manifest, members)`` changes either before writing; ``relink``: the
+    library is rebuilt to embed the edited manifest's interface (an edit the library agrees with)."""
 
     def make(
         name: str = "affine.pkg",
         edit: Callable[[Manifest, dict[str, bytes]], tuple[Manifest, dict[str, bytes]]] | None = None,
         defines: tuple[str, ...] = (),
         selftest: bool = True,
+        relink: bool = False,
     ) -> Path:
         m = affine_manifest()
         _, wblob = weights_member([("W", W), ("b", B)])
@@ -60,6 +65,8 @@ def make_package(tmp_path: Path, compile_lib: Callable[..., bytes]) -> Callable[
             members["selftest.safetensors"] = blob
         if edit is not None:
             m, members = edit(m, members)
+        if relink:
+            members["cpu/x86-64-v2/model.so"] = compile_lib(*defines, manifest=m)
         path = tmp_path / name
         write_package(path, m, members)
         return path

@@ -111,7 +111,7 @@ def test_expression_dimensions(make_package) -> None:
     def edit(m, members):
         return dataclasses.replace(m, inputs=(*m.inputs, TensorSpec("pair", "int64", ("2*s0",))), selftest=None), members
 
-    model = aotc.load(make_package(edit=edit, selftest=False))
+    model = aotc.load(make_package(edit=edit, selftest=False, relink=True))
     x, s = inputs(3)
     model(x, s, np.zeros(6, np.int64))
     with pytest.raises(InputMismatch, match=r"input 'pair' axis 0: got size 5, expected 2\*batch = 6 \(with batch=3\)"):
@@ -260,6 +260,36 @@ def test_threads_and_concurrent_calls(make_package) -> None:
     assert errors == []
     with pytest.raises(UsageError, match="num_threads"):
         aotc.load(make_package("n.pkg"), num_threads=-1)
+
+
+def test_eight_threads_five_hundred_calls_each_exact(make_package) -> None:
+    """One model, 8 threads x 500 calls with shapes that change under it: every result equal, bit for bit,
+    to the single-threaded one (the executor serialises calls on one arena), and close() waits for a call
+    in flight instead of unloading code under it."""
+    model = aotc.load(make_package(), num_threads=2)
+    cases = [inputs(n, seed) for seed, n in enumerate((1, 7, 17, 64))]
+    want = [model(x, s) for x, s in cases]
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(500):
+                j = (i + k) % len(cases)
+                got = model(*cases[j])
+                if not all(np.array_equal(g, w) for g, w in zip(got, want[j], strict=True)):
+                    raise AssertionError(f"thread {k} call {i}: differs from the single-threaded result")
+        except BaseException as e:  # reported below: threads do not raise into pytest
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    model.close()
+    with pytest.raises(UsageError, match="closed"):
+        model(*cases[0])
 
 
 def test_verify(make_package, model: aotc.Model) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack
 
 import sympy
+from aotc.schema import INTERFACE_MARK
 
 from .. import kernel as K
 from ..ir import DType, Op
@@ -523,8 +524,9 @@ def _uses(prog: K.Program) -> set[str]:
     return {type(k).__name__ for k in prog.kernels}
 
 
-def generate(prog: K.Plan, options: BuildOptions) -> str:
-    """The C++ source of one shared library running ``prog`` through the ABI in ``aotc_abi.h``."""
+def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) -> str:
+    """The C++ source of one shared library running ``prog`` through the ABI in ``aotc_abi.h``.
+    ``interface``: ``aotc.schema.interface_text`` of what it is built for, embedded for the runtime to check."""
     del options  # nothing in the generated text depends on them yet (the target is a compiler flag)
     ptrs = _pointer_names(prog)
     names = _kernel_names(prog)
@@ -560,6 +562,10 @@ def generate(prog: K.Plan, options: BuildOptions) -> str:
     w.line()
     w.line("AOTC_EXPORT void aotc_set_num_threads(int32_t n) { aotc_pool_set_threads(n); }")
     w.line()
+    if interface is not None:
+        w.line("// The sizes this code reads and writes; the runtime compares them with the manifest before dlopen.")
+        w.line(f"AOTC_EXPORT __attribute__((used)) const char aotc_interface[] = {cstring(INTERFACE_MARK.decode() + interface)};")
+        w.line()
     sig = (
         "AOTC_EXPORT int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* outputs, "
         "const void* const* weights, void* arena, char* err, size_t errlen)"
