@@ -199,33 +199,56 @@ static inline void aotc_conv_micro(int64_t taps, int64_t C, const T* const* ind,
     for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
 }
 
+// Rows of the conv micro-kernel: the matmul's MR, doubled for a one-vector panel (a conv with 16 or fewer
+// output channels on AVX-512, 8 on AVX2) so that it still keeps 2 x MR accumulators busy.
+// Scratch that the calling thread keeps from call to call (the NHWC copy of a stem conv's input): a fresh
+// allocation of megabytes each call is a fresh mapping, its page faults and the kernel zeroing it every time.
+static inline void* aotc_conv_scratch(size_t bytes) {
+  struct held {
+    void* p = nullptr;
+    size_t n = 0;
+    ~held() { free(p); }
+  };
+  static thread_local held h;
+  if (h.n < bytes) {
+    free(h.p);
+    h.n = 0;
+    h.p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (h.p == NULL) throw std::bad_alloc();
+    h.n = bytes;
+  }
+  return h.p;
+}
+
+#ifndef AOTC_CONV_MR1
+#define AOTC_CONV_MR1 (2 * AOTC_MM_MR)
+#endif
+template <int NV>
+struct aotc_conv_mr {
+  static constexpr int value = NV == 1 ? AOTC_CONV_MR1 : AOTC_MM_MR;
+};
+
 template <class T, int NV, class SX, class Epi>
 void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, const T* wp, Epi epi) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int NR = NV * L, MR = AOTC_MM_MR;
+  constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
   static_assert(AOTC_CONV_MB % MR == 0, "AOTC_CONV_MB must be a multiple of MR");
   if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
   if (xs.s1 != 1 || !std::is_same<SX, T>::value) {
     // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC, then read it in place.
     const int64_t chw = s.C * s.H * s.W;
-    T* xt = static_cast<T*>(aligned_alloc(64, (size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
-    if (xt == NULL) throw std::bad_alloc();
+    T* xt = static_cast<T*>(aotc_conv_scratch((size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
     const bool par = s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
     aotc_pool_run(s.N * s.H, par ? aotc_pool_threads() : 1, [&](int64_t nh, int) {
       const int64_t n = nh / s.H, h = nh % s.H;
-      for (int64_t w = 0; w < s.W; ++w)
-        for (int64_t c = 0; c < s.C; ++c)
-          xt[n * chw + (h * s.W + w) * s.C + c] =
-              (T)aotc_elem<SX>::load(x, xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2 + w * xs.s3);
+      T* row = xt + n * chw + h * s.W * s.C;
+      for (int64_t c = 0; c < s.C; ++c) {
+        const int64_t at = xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2;
+        for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + w * xs.s3);
+      }
     });
-    try {
-      aotc_conv2d_packed<T, NV>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
-    } catch (...) {
-      free(xt);
-      throw;
-    }
-    free(xt);
+    aotc_conv2d_packed<T, NV>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
     return;
   }
   const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
@@ -240,13 +263,19 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
                     xs.s2 == s.W * xs.s3;
+  // Row taps: with dense pixels (pixel stride C) and no horizontal dilation, the KW taps of one kernel row
+  // over an output pixel whose window lies inside the image horizontally are KW * C consecutive inputs --
+  // k = (kh * KW + kw) * C + c of the packed panel is kh * (KW * C) + (kw * C + c) -- so such a strip of
+  // MR pixels runs KH taps of KW * C channels: a third of the pointers and k loops of a 3x3 conv, and a
+  // stem conv's 3 channels become 9. Strips touching the left or right border keep one tap per (kh, kw).
+  const bool rowtaps = s.KW > 1 && s.dw == 1 && xs.s3 == s.C;
   const int64_t pblocks = (P + MB - 1) / MB, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
   const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(flops, tasks);
   // per thread: the tile, then the indirection pointers
   const int64_t a_elems = aotc_roundup(MB * taps * (int64_t)sizeof(void*), 64) / (int64_t)sizeof(T);
   const int64_t per = aotc_roundup(MB * NB + a_elems, 64 / (int64_t)sizeof(T));
   T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
-  T* zero = static_cast<T*>(calloc((size_t)(s.C > 0 ? s.C : 1), sizeof(T)));
+  T* zero = static_cast<T*>(calloc((size_t)(s.C * s.KW > 0 ? s.C * s.KW : 1), sizeof(T)));
   if (ws_all == NULL || zero == NULL) {
     free(ws_all);
     free(zero);
@@ -261,25 +290,49 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
     const int64_t xn = xs.off + n * xs.s0;
     // A for this block: per strip and tap, MR pointers to the input pixel's channels (or to zeros)
     const T** ind = reinterpret_cast<const T**>(abuf);
+    bool wide[AOTC_CONV_MB];  // per strip: row taps (KH taps of KW * C) or one tap per (kh, kw)
     if (rows) {  // 1x1, stride 1, unpadded over rows of pixels: pixel p is row p of a [P][C] matrix
       for (int64_t i = 0; i < strips * MR; ++i) ind[i] = i < pb ? (const T*)(const void*)(x + xn + (p0 + i) * xs.s3) : zero;
+      for (int64_t si = 0; si < strips; ++si) wide[si] = false;
     } else {
-      for (int64_t i = 0; i < strips * MR; ++i) {
-        const int64_t p = p0 + i, si = i / MR, r = i % MR;
-        const int64_t oh = p / s.OW, ow = p % s.OW;
-        for (int64_t kh = 0; kh < s.KH; ++kh)
-          for (int64_t kw = 0; kw < s.KW; ++kw) {
-            const int64_t ih = oh * s.sh - s.ph + kh * s.dh, iw = ow * s.sw - s.pw + kw * s.dw;
-            const bool in = p < p0 + pb && ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
-            const T* at = (const T*)(const void*)(x + xn + ih * xs.s2 + iw * xs.s3);
-            ind[(si * taps + kh * s.KW + kw) * MR + r] = in ? at : zero;
+      int64_t oh = p0 / s.OW, ow = p0 % s.OW;  // of pixel p0 + i, stepped along
+      for (int64_t si = 0; si < strips; ++si) {
+        const T** sind = ind + si * taps * MR;
+        bool inside = rowtaps;
+        for (int64_t r = 0, h = oh, w = ow; r < MR && inside; ++r) {
+          const int64_t iw = w * s.sw - s.pw;
+          inside = si * MR + r >= pb || (iw >= 0 && iw + s.KW <= s.W);
+          if (++w == s.OW) w = 0, ++h;
+        }
+        wide[si] = inside;
+        for (int64_t r = 0; r < MR; ++r) {
+          const bool live = si * MR + r < pb;
+          for (int64_t kh = 0; kh < s.KH; ++kh) {
+            const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+            const bool hin = live && ih >= 0 && ih < s.H;
+            const T* xrow = (const T*)(const void*)(x + xn + ih * xs.s2);
+            if (inside) {
+              sind[kh * MR + r] = hin ? xrow + (ow * s.sw - s.pw) * xs.s3 : zero;
+              continue;
+            }
+            for (int64_t kw = 0; kw < s.KW; ++kw) {
+              const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+              sind[(kh * s.KW + kw) * MR + r] = hin && iw >= 0 && iw < s.W ? xrow + iw * xs.s3 : zero;
+            }
           }
+          if (++ow == s.OW) ow = 0, ++oh;
+        }
       }
     }
     for (int64_t js = 0; js < nbp; js += NR) {
       const T* bp = wp + ((o0 + js) / NR) * taps * s.C * NR;
-      for (int64_t si = 0; si < strips; ++si)
-        aotc_conv_micro<T, MR, NV>(taps, s.C, ind + si * taps * MR, bp, tile + si * MR * nbp + js, nbp);
+      for (int64_t si = 0; si < strips; ++si) {
+        T* c = tile + si * MR * nbp + js;
+        if (wide[si])
+          aotc_conv_micro<T, MR, NV>(s.KH, s.KW * s.C, ind + si * taps * MR, bp, c, nbp);
+        else
+          aotc_conv_micro<T, MR, NV>(taps, s.C, ind + si * taps * MR, bp, c, nbp);
+      }
     }
     epi(n, p0, pb, o0, ob, (const T*)tile, nbp);
   });
@@ -436,6 +489,11 @@ int main() {
     fails += aotc_conv_check_nhwc<2>({2, 5, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);
     fails += aotc_conv_check_nhwc<2>({1, 8, 5, 5, 3, 1, 1, 5, 5, 1, 1, 0, 0, 1, 1, 1}, nchw);    // 1x1
     fails += aotc_conv_check_nhwc<1>({1, 7, 12, 10, 9, 3, 3, 4, 3, 3, 3, 2, 1, 2, 2, 1}, nchw);  // dilated
+    // row taps (strips inside the image horizontally) next to per-tap strips at the borders
+    fails += aotc_conv_check_nhwc<1>({2, 3, 13, 11, 16, 3, 3, 13, 11, 1, 1, 1, 1, 1, 1, 1}, nchw);  // a stem
+    fails += aotc_conv_check_nhwc<1>({1, 3, 23, 21, 13, 7, 7, 12, 11, 2, 2, 3, 3, 1, 1, 1}, nchw);  // 7x7/2
+    fails += aotc_conv_check_nhwc<2>({1, 4, 6, 4, 20, 5, 5, 6, 4, 1, 1, 2, 2, 1, 1, 1}, nchw);     // no inside
+    fails += aotc_conv_check_nhwc<2>({2, 17, 9, 30, 24, 3, 5, 7, 26, 1, 1, 0, 0, 1, 1, 1}, nchw);  // unpadded
   }
   fails += aotc_conv_check_nhwc<1>({2, 37, 9, 11, 37, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 37}, false);  // depthwise
   fails += aotc_conv_check_nhwc<1>({1, 24, 7, 7, 24, 3, 3, 7, 7, 1, 1, 1, 1, 1, 1, 24}, false);

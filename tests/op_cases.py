@@ -171,6 +171,12 @@ CASES = [
     OpCase("maxpool", lambda: nn.MaxPool2d(3, 2, 1), lambda b: (r(b, 3, 11, 11),)),
     OpCase("avgpool", lambda: nn.AvgPool2d(3, 2, 1), lambda b: (r(b, 3, 11, 11),)),
     OpCase("avgpool_ceil_nopad", lambda: nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False), lambda b: (r(b, 2, 7, 7),)),
+    # pools over a conv's channels-last output (the C++ reduce across channel lanes): odd sizes, ceil mode,
+    # channel counts off the vector width
+    OpCase("conv_maxpool_ceil", lambda: nn.Sequential(nn.Conv2d(3, 20, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1, ceil_mode=True),
+                                                      nn.Conv2d(20, 4, 1)), lambda b: (r(b, 3, 12, 9),)),  # fmt: skip
+    OpCase("conv_avgpool_ceil", lambda: nn.Sequential(nn.Conv2d(3, 5, 3), nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False),
+                                                      nn.AdaptiveAvgPool2d(1), nn.Flatten()), lambda b: (r(b, 3, 12, 11),)),  # fmt: skip
     OpCase("adaptive_avgpool", lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), lambda b: (r(b, 4, 6, 6),)),
     OpCase("adaptive_avgpool_2x2", lambda: nn.AdaptiveAvgPool2d(2), lambda b: (r(b, 4, 6, 6),)),
     OpCase("embedding", lambda: nn.Embedding(50, 16), lambda b: (torch.randint(0, 50, (b, 7)),)),

@@ -180,6 +180,15 @@ def test_masked_body_is_scoped() -> None:
     assert body.rindex("if (", 0, load) > body.rindex("for (", 0, load), "the masked load must sit inside its if"
 
 
+def test_pool_over_channels_runs_across_lanes() -> None:
+    """A pool over channels-last input reduces with the channels innermost (one accumulator array per step);
+    a pool over NCHW and a row reduction keep the window innermost."""
+    src = generate(next(c for c in CASES if c.name == "pool_nhwc").prog, OPTIONS)
+    assert "float aotc_acc0[64];" in src and "float aotc_acc1[64];" in src
+    for name in ("maxpool", "softmax_rowmax"):
+        assert "aotc_acc0[" not in generate(next(c for c in CASES if c.name == name).prog, OPTIONS), name
+
+
 def test_generate_is_deterministic_and_build_is_byte_identical(tmp_path: Path) -> None:
     prog = next(c for c in CASES if c.name == "softmax_rowmax").prog
     src = generate(prog, OPTIONS)

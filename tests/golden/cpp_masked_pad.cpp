@@ -10,6 +10,9 @@ static void aotc_k_pad([[maybe_unused]] const int64_t s0, const float* p_x, floa
   const int64_t aotc_n2 = 9;
   const int64_t aotc_chunks = aotc_ceildiv(aotc_n2, AOTC_CHUNK);
   aotc_parallel_for(aotc_n0 * aotc_n1 * aotc_chunks, aotc_n0 * aotc_n1 * aotc_n2, [&](int64_t aotc_t0, int64_t aotc_t1) {
+    [[maybe_unused]] const float* const l_p_x = p_x;
+    [[maybe_unused]] float* const l_p_y = p_y;
+    [[maybe_unused]] int64_t* const l_p_iota = p_iota;
     for (int64_t aotc_t = aotc_t0; aotc_t < aotc_t1; ++aotc_t) {
       [[maybe_unused]] const int64_t aotc_c = aotc_t % aotc_chunks;
       [[maybe_unused]] const int64_t i1 = (aotc_t / aotc_chunks) % aotc_n1;
@@ -27,14 +30,14 @@ static void aotc_k_pad([[maybe_unused]] const int64_t s0, const float* p_x, floa
         const bool t6 = (t2 && t5);
         float t7 = (-1.5f);
         if (t6) {
-          const float t8 = p_x[((((-8) + (24 * i0)) + (6 * i1)) + i2)];
+          const float t8 = l_p_x[((((-8) + (24 * i0)) + (6 * i1)) + i2)];
           const float t9 = (t8 * 2.0f);
           t7 = t9;
         }
         const float t10 = (t7 + 0.25f);
-        p_y[(((63 * i0) + (9 * i1)) + i2)] = t10;
+        l_p_y[(((63 * i0) + (9 * i1)) + i2)] = t10;
         const int64_t t11 = ((9 * i1) + i2);
-        p_iota[(((63 * i0) + (9 * i1)) + i2)] = t11;
+        l_p_iota[(((63 * i0) + (9 * i1)) + i2)] = t11;
       }
     }
   });

@@ -8,13 +8,16 @@ static void aotc_k_softmax([[maybe_unused]] const int64_t s0, const float* p_x, 
   const int64_t aotc_n0 = s0;
   const int64_t aotc_m0 = 37;
   aotc_parallel_for(aotc_n0, aotc_n0 * aotc_m0, [&](int64_t aotc_t0, int64_t aotc_t1) {
+    [[maybe_unused]] const float* const l_p_x = p_x;
+    [[maybe_unused]] float* const l_p_y = p_y;
+    [[maybe_unused]] float* const l_p_m = p_m;
     for (int64_t aotc_t = aotc_t0; aotc_t < aotc_t1; ++aotc_t) {
       [[maybe_unused]] const int64_t i0 = aotc_t;
       float aotc_acc0 = -INFINITY;
       bool aotc_nan0 = false;
       #pragma omp simd reduction(max:aotc_acc0) reduction(|:aotc_nan0)
       for (int64_t r0 = 0; r0 < aotc_m0; ++r0) {
-        const float t0 = p_x[((37 * i0) + r0)];
+        const float t0 = l_p_x[((37 * i0) + r0)];
         aotc_acc0 = t0 > aotc_acc0 ? t0 : aotc_acc0;
         aotc_nan0 |= t0 != t0;
       }
@@ -22,20 +25,20 @@ static void aotc_k_softmax([[maybe_unused]] const int64_t s0, const float* p_x, 
       float aotc_acc1 = 0;
       #pragma omp simd reduction(+:aotc_acc1)
       for (int64_t r0 = 0; r0 < aotc_m0; ++r0) {
-        const float t1 = p_x[((37 * i0) + r0)];
+        const float t1 = l_p_x[((37 * i0) + r0)];
         const float t2 = (t1 - aotc_red0);
         const float t3 = aotc_exp(t2);
         aotc_acc1 += t3;
       }
       const float aotc_red1 = aotc_acc1;
-      p_m[i0] = aotc_red0;
+      l_p_m[i0] = aotc_red0;
       #pragma omp simd
       for (int64_t r0 = 0; r0 < aotc_m0; ++r0) {
-        const float t4 = p_x[((37 * i0) + r0)];
+        const float t4 = l_p_x[((37 * i0) + r0)];
         const float t5 = (t4 - aotc_red0);
         const float t6 = aotc_exp(t5);
         const float t7 = (t6 / aotc_red1);
-        p_y[((37 * i0) + r0)] = t7;
+        l_p_y[((37 * i0) + r0)] = t7;
       }
     }
   });

@@ -927,6 +927,49 @@ def maxpool() -> Case:
     return listed("maxpool", prog, make, ref)
 
 
+def pool_nhwc() -> Case:
+    """Max and average (padding counted) 3x3/2 pooling over channels-last input with 70 channels (a 64-lane
+    chunk and a ragged 6), a 7x9 image, a relu'd bias in the window and a NaN: the C++ reduce across lanes."""
+    cc, h, w, oh, ow = 70, 7, 9, 4, 5
+    ih, iw = i1 * 2 - 1 + r0, i2 * 2 - 1 + r1
+    ok = bin_(
+        Op.AND,
+        bin_(Op.AND, bin_(Op.GE, idx(ih), idx(0)), bin_(Op.LT, idx(ih), idx(h))),
+        bin_(Op.AND, bin_(Op.GE, idx(iw), idx(0)), bin_(Op.LT, idx(iw), idx(w))),
+    )
+    x = un(Op.RELU, bin_(Op.ADD, ld("x", i0 * h * w * cc + ih * w * cc + iw * cc + i3), ld("b", i3)))
+    out = i0 * oh * ow * cc + i1 * ow * cc + i2 * cc + i3
+    k = K.Reduce(
+        "pool_nhwc",
+        (S0, oh, ow, cc),
+        (3, 3),
+        (K.Reduction(Op.RMAX, K.Masked(ok, x, -math.inf, F32), F32), K.Reduction(Op.SUM, K.Masked(ok, x, 0.0, F32), F32)),
+        (st("mx", out, K.ReduceRef(0, F32)), st("avg", out, bin_(Op.DIV, K.ReduceRef(1, F32), c(9.0)))),
+    )
+    prog = program(
+        BATCH,
+        [buf("x", F32, (S0, h, w, cc), "input")],
+        [buf("mx", F32, (S0, oh, ow, cc), "output"), buf("avg", F32, (S0, oh, ow, cc), "output")],
+        [buf("b", F32, (cc,), "weight")],
+        [k],
+    )
+
+    def ref(ins: list[Array], ws: list[Array]) -> list[Array]:
+        import torch
+
+        x = torch.from_numpy(np.maximum(ins[0] + ws[0], 0)).permute(0, 3, 1, 2)
+        mx = torch.nn.functional.max_pool2d(x, 3, 2, 1).permute(0, 2, 3, 1).numpy()
+        avg = torch.nn.functional.avg_pool2d(x, 3, 2, 1).permute(0, 2, 3, 1).numpy()
+        return [mx, avg]
+
+    def make(n: int, g: np.random.Generator) -> tuple[list[Array], list[Array]]:
+        x = rnd(g, n, h, w, cc)
+        x[0, 3, 4, 66] = np.nan  # NaN propagates through max pooling, in the ragged chunk
+        return [x], [rnd(g, cc)]
+
+    return listed("pool_nhwc", prog, make, ref)
+
+
 def matmul_bias_relu() -> Case:
     a = K.Strided("a", i0 * 1920 + i1 * 640, (40, 1), F32)
     b = K.Strided("w", i1 * 960, (1, 40), F32)  # transposed weight: B[k, n] = w[i1, n, k]
@@ -1307,6 +1350,7 @@ CPU_CASES: list[Callable[[], Case]] = [
     softmax_rowmax,
     layernorm,
     maxpool,
+    pool_nhwc,
     matmul_bias_relu,
     linear_gelu_rowsum,
     convs,
