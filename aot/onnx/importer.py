@@ -61,15 +61,16 @@ class Importer:
 
     fname: str
     weights: dict[str, np.ndarray] = field(default_factory=dict)
-    _made: dict[int, Node] = field(default_factory=dict)  # id(Static) -> its node, so a weight is stored once
+    # id(Static) -> (it, its node), so a weight is stored once; holding the Static keeps its id from reuse
+    _made: dict[int, tuple[Static, Node]] = field(default_factory=dict)
 
     def tensor(self, v: Value, b: Builder) -> Node:
         if isinstance(v, Node):
             return v
         if id(v) in self._made:
-            return self._made[id(v)]
+            return self._made[id(v)][1]
         node = self._materialize(v, b)
-        self._made[id(v)] = node
+        self._made[id(v)] = (v, node)
         return node
 
     def _materialize(self, s: Static, b: Builder) -> Node:

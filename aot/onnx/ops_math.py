@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import sympy
 
 from ..ir import ArangeAttr, DType, Node, Op
 from ..lower.nn import mean, reduce, softmax
@@ -32,7 +33,10 @@ _UNARY: dict[str, tuple[Op, Callable[[np.ndarray], np.ndarray] | None]] = {
 def _unary(c: Ctx) -> Value:
     ir_op, fold = _UNARY[c.node.op_type]
     s = c.static(0)
-    if s is not None and fold is not None and (not s.symbolic or c.node.op_type == "Neg"):
+    if s is not None and s.symbolic and c.node.op_type in ("Floor", "Neg", "Abs", "Relu"):
+        sym = {"Floor": sympy.floor, "Neg": lambda v: -v, "Abs": abs, "Relu": lambda v: sympy.Max(v, 0)}[c.node.op_type]
+        return Static.of(np.vectorize(sym, otypes=[object])(s.value), s.dtype)
+    if s is not None and fold is not None and not s.symbolic:
         return Static.of(fold(s.value), s.dtype)
     return c.b.ew(ir_op, c.t(0))
 
@@ -214,6 +218,9 @@ def _sign(c: Ctx) -> Value:
 
 @op("Ceil")
 def _ceil(c: Ctx) -> Value:
+    s = c.static(0)
+    if s is not None:
+        return Static.of(np.vectorize(sympy.ceiling, otypes=[object])(s.value) if s.symbolic else np.ceil(s.value), s.dtype)
     return c.b.ew(Op.NEG, c.b.ew(Op.FLOOR, c.b.ew(Op.NEG, c.t(0))))
 
 

@@ -18,7 +18,7 @@ from ..lower.movement import _slice
 from ..lower.nn import matmul
 from .ops_math import gelu
 from .ops_nn import matmul_nd, norm
-from .table import Ctx, Value, axis_of, op
+from .table import Ctx, Value, axis_of, exact_div, op
 
 MS = "com.microsoft"
 
@@ -134,7 +134,7 @@ def _reduce_attr(axes: tuple[int, ...]) -> ReduceAttr:
 
 def _heads(c: Ctx, t: Node, batch: Dim, seq: Dim, heads: int) -> Node:
     """[B, S, heads * d] -> [B, heads, S, d]."""
-    d = as_dim(t.shape[-1] / heads)
+    d = exact_div(t.shape[-1], heads)
     return c.b.permute(c.b.reshape(t, (batch, seq, heads, d)), (0, 2, 1, 3))
 
 
@@ -193,7 +193,7 @@ def _attention(c: Ctx) -> Value:
     qkv = _linear(c, x, w)
     if c.has(2):
         qkv = b.ew(Op.ADD, qkv, c.t(2))
-    sizes = [int(s) for s in c.attr("qkv_hidden_sizes", [])] or [as_dim(qkv.shape[-1] / 3)] * 3
+    sizes = [int(s) for s in c.attr("qkv_hidden_sizes", [])] or [exact_div(qkv.shape[-1], 3)] * 3
     parts, start = [], 0
     for s in sizes:
         parts.append(_slice(b, qkv, 2, start, s, 1))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import AxisAttr, ConvAttr, Dim, DType, Node, Op, PadAttr, PoolAttr, as_dim
+from ..ir import AxisAttr, ConvAttr, Dim, DType, Node, Op, PadAttr, PoolAttr, as_dim, dims_equal
 from ..lower.nn import matmul, mean, reduce
 from .table import Ctx, Static, Value, axis_of, op
 
@@ -363,7 +363,7 @@ def _resize(c: Ctx) -> Value:
     sizes: list[Any] | None = None
     scales: list[float] | None = None
     if c.has(3):
-        sizes = [int(v) for v in c.need(3, "sizes").ravel().tolist()]
+        sizes = c.ints(3, "sizes")
     elif c.has(2) and c.need(2, "scales").size:
         scales = [float(v) for v in c.need(2, "scales").ravel().tolist()]
     else:
@@ -375,16 +375,16 @@ def _resize(c: Ctx) -> Value:
         size_in = x.shape[axis]
         if sizes is not None:
             size_out = sizes[k]
-            scale = size_out / size_in if isinstance(size_in, int) else 1.0
+            if dims_equal(size_out, size_in):
+                continue
+            scale = size_out / size_in if isinstance(size_in, int) and isinstance(size_out, int) else 1.0
         else:
             assert scales is not None
             scale = scales[k]
             if scale == 1.0:
                 continue
             size_out = int(math.floor(size_in * scale)) if isinstance(size_in, int) else -1
-        if isinstance(size_in, int) and size_out == size_in and scale == 1.0:
-            continue
-        if not isinstance(size_in, int):
+        if not isinstance(size_in, int) or not isinstance(size_out, int):
             raise c.fail(f"resizing dynamic axis {axis}")
         src = _source(ctm, size_in, size_out, scale)
         out_shape = tuple(size_out if j == axis else d for j, d in enumerate(y.shape))

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from ..builder import broadcast_shapes
 from ..ir import ArangeAttr, AxisAttr, Dim, DType, Node, Op, PadAttr, as_dim, dims_equal
 from ..lower.movement import _slice
-from .table import Ctx, Static, Value, axis_of, dtype_of, op
+from .table import Ctx, Static, Value, axis_of, dtype_of, exact_div, op
 
 BIG = 2**62  # ONNX writes "to the end" as INT64_MAX (or a large negative for "from the start")
 FOLD_LIMIT = 1 << 16  # larger build-time arrays stay tensors (FULL/EXPAND), not stored copies
@@ -163,7 +163,7 @@ def _split(c: Ctx) -> tuple[Value, ...]:
         n = int(c.attr("num_outputs", n_out))
         total = shape[axis]
         if not isinstance(total, int):
-            sizes = [as_dim(total / n)] * n  # a dynamic dim split evenly
+            sizes = [exact_div(total, n)] * n  # a dynamic dim split evenly
         else:
             step = -(-total // n)
             sizes = [min(step, total - k * step) for k in range(n)]
@@ -357,9 +357,9 @@ def _depth_to_space(c: Ctx) -> Value:
     n, ch, h, w = x.shape
     b = c.b
     if c.node.op_type == "SpaceToDepth":
-        y = b.reshape(x, (n, ch, as_dim(h / bs), bs, as_dim(w / bs), bs))
-        return b.reshape(b.permute(y, (0, 3, 5, 1, 2, 4)), (n, ch * bs * bs, as_dim(h / bs), as_dim(w / bs)))
-    c_out = as_dim(ch / (bs * bs))
+        y = b.reshape(x, (n, ch, exact_div(h, bs), bs, exact_div(w, bs), bs))
+        return b.reshape(b.permute(y, (0, 3, 5, 1, 2, 4)), (n, ch * bs * bs, exact_div(h, bs), exact_div(w, bs)))
+    c_out = exact_div(ch, bs * bs)
     if c.attr("mode", "DCR") == "DCR":
         y = b.reshape(x, (n, bs, bs, c_out, h, w))
         y = b.permute(y, (0, 3, 4, 1, 5, 2))

@@ -180,3 +180,10 @@ def axis_of(axis: int, rank: int) -> int:
 
 def static_ints(values: Sequence[Any]) -> bool:
     return all(isinstance(v, int) for v in values)
+
+
+def exact_div(a: Dim, b: int) -> Dim:
+    """A size divided by a count that divides it (heads, groups, blocks): an int stays an int."""
+    if isinstance(a, int):
+        return a // b
+    return as_dim(sympy.sympify(a) / b)
