@@ -255,3 +255,37 @@ def test_dynamic_flag_names_and_bounds_a_dimension(tmp_path: Path, aotc_cache: P
     np.testing.assert_allclose(model(np.ones((7, 4), np.float32)), np.full((7, 3), 4.0, np.float32))
     with pytest.raises(aotc.InputMismatch):
         model(np.ones((17, 4), np.float32))
+
+
+def test_external_data_model_builds(tmp_path: Path, aotc_cache: Path) -> None:
+    """The > 2 GB layout: initializers in a side file. A missing side file is one clear error."""
+    m = _tiny()
+    m.graph.initializer[0].CopyFrom(_init("w", np.arange(12, dtype=np.float32).reshape(4, 3) / 10))
+    path = tmp_path / "ext.onnx"
+    onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="ext.weights", size_threshold=0)
+    assert (tmp_path / "ext.weights").is_file()
+    pkg = tmp_path / "ext.pkg"
+    build(path, pkg, CPU, cache_dir=aotc_cache)
+    assert compare(pkg, path, [{"batch": 2}, {"batch": 9}]) <= 1e-6
+    (tmp_path / "ext.weights").unlink()
+    result = CliRunner().invoke(cli, ["build", str(path), "-o", str(tmp_path / "ext2.pkg")])
+    assert result.exit_code == 6 and "'ext.weights'" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_old_opset_is_converted(tmp_path: Path, aotc_cache: Path) -> None:
+    """Opset 11 (Softmax over flattened trailing dims, axes as attributes) goes through onnx's converter."""
+    n = helper.make_node
+    nodes = [
+        n("Unsqueeze", ["x"], ["u"], name="unsq", axes=[1]),
+        n("Softmax", ["u"], ["s"], name="softmax", axis=1),
+        n("Squeeze", ["s"], ["y"], name="sq", axes=[1]),
+        n("ReduceSum", ["x"], ["r"], name="rsum", axes=[1], keepdims=1),
+        n("Add", ["y", "r"], ["z"], name="add"),
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["batch", 6])], [helper.make_tensor_value_info("z", F, None)], [], opset=11)
+    m.ir_version = 6
+    path = tmp_path / "old.onnx"
+    onnx.save(m, str(path))
+    pkg = tmp_path / "old.pkg"
+    build(path, pkg, CPU, cache_dir=aotc_cache)
+    assert compare(pkg, path, [{"batch": 1}, {"batch": 4}]) <= 1e-5
