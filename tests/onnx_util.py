@@ -51,8 +51,8 @@ def compare(pkg: Path, onnx_path: Path, shapes: list[dict[str, int]], int_high: 
         out = model(*feeds.values())  # the package keeps the file's input order
         got = list(out) if isinstance(out, tuple) else [out]
         assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            g = np.asarray(g)
+        for out_k, w in zip(got, want, strict=True):
+            g = np.asarray(out_k)
             assert g.shape == w.shape, (g.shape, w.shape)
             scale = max(float(np.abs(w).max()), 1e-6)
             worst = max(worst, float(np.abs(g.astype(np.float64) - w).max()) / scale)

@@ -71,7 +71,8 @@ CASES: list[tuple[Any, ...]] = [
     ("global_max", "GlobalMaxPool", [(2, 3, 5, 5)], {}, {}),
     ("batchnorm", "BatchNormalization", [(2, 3, 4, 4)], {"s": np.array([1, 2, 3], np.float32), "b": np.array([0.1, 0.2, 0.3], np.float32),
      "m": np.array([0.5, -0.5, 0.0], np.float32), "v": np.array([1.0, 0.5, 2.0], np.float32)}, {}),  # fmt: skip
-    ("instancenorm", "InstanceNormalization", [(2, 3, 4, 4)], {"s": np.array([1, 2, 3], np.float32), "b": np.array([0.1, 0.2, 0.3], np.float32)}, {}),
+    ("instancenorm", "InstanceNormalization", [(2, 3, 4, 4)],
+     {"s": np.array([1, 2, 3], np.float32), "b": np.array([0.1, 0.2, 0.3], np.float32)}, {}),  # fmt: skip
     ("groupnorm", "GroupNormalization", [(2, 4, 3, 3)], {"s": np.array([1, 2, 3, 4], np.float32), "b": np.array([0, 1, 2, 3], np.float32)},
      {"num_groups": 2}, 21),  # fmt: skip
     ("layernorm_axis1", "LayerNormalization", [(2, 3, 4)], {"s": np.ones((3, 4), np.float32) * 1.5}, {"axis": 1}),

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 import sympy
 from aotc.errors import UnsupportedOp, UsageError
 from onnx import numpy_helper
@@ -137,7 +136,8 @@ def lower_model(loaded: Loaded, fname: str, dynamic: tuple[str, ...] = ()) -> Lo
             if spec is None and d.HasField("dim_value") and d.dim_value > 0:
                 shape.append(int(d.dim_value))
                 continue
-            label = spec.label if spec is not None else (d.dim_param if d.HasField("dim_param") and d.dim_param else f"{inp.name}.shape[{axis}]")
+            named = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{inp.name}.shape[{axis}]"
+            label = spec.label if spec is not None else named
             sym = symbols.get(label)
             if sym is None:
                 lo, hi = (spec.min, spec.max) if spec is not None else (1, None)

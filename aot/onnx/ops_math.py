@@ -53,7 +53,7 @@ _BINARY: dict[str, tuple[Op, Callable[[Any, Any], Any]]] = {
 def _div_static(a: np.ndarray, b: np.ndarray, dt: DType) -> np.ndarray:
     if not dt.is_int:
         return a / b
-    if a.dtype == object or b.dtype == object:  # sizes are non-negative: C division is floor division
+    if object in (a.dtype, b.dtype):  # sizes are non-negative: C division is floor division
         return a // b
     q = np.abs(a) // np.abs(b)
     return np.where((a < 0) != (b < 0), -q, q)
@@ -322,16 +322,14 @@ def _softmax(c: Ctx) -> Value:
 
 def _reduce_axes(c: Ctx, rank: int) -> tuple[int, ...] | None:
     """The axes as a sorted tuple; None for "no reduction" (empty axes with noop_with_empty_axes)."""
-    if c.has(1):
-        axes = [int(a) for a in c.need(1, "axes").ravel().tolist()]
-    else:
-        axes = list(c.attr("axes", []))
+    axes = [int(a) for a in c.need(1, "axes").ravel().tolist()] if c.has(1) else list(c.attr("axes", []))
     if not axes:
         return None if c.attr("noop_with_empty_axes", 0) else tuple(range(rank))
     return tuple(sorted(axis_of(a, rank) for a in axes))
 
 
-_REDUCE_FOLD = {"ReduceSum": np.sum, "ReduceProd": np.prod, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceMean": np.mean}
+_REDUCE_FOLD: dict[str, Callable[..., Any]] = {
+    "ReduceSum": np.sum, "ReduceProd": np.prod, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceMean": np.mean}
 
 
 @op("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp")

@@ -101,7 +101,7 @@ def _to_2d(c: Ctx, x: Node) -> Node:
 def _explicit_pad(c: Ctx, x: Node, lo: list[int], hi: list[int], value: float) -> Node:
     per = ((0, 0), (0, 0), *zip(lo, hi, strict=True))
     shape = tuple(as_dim(d + a + z) for d, (a, z) in zip(x.shape, per, strict=True))
-    return c.b.add(Op.PAD, (x,), x.dtype, shape, PadAttr(tuple(per), value))  # type: ignore[arg-type]
+    return c.b.add(Op.PAD, (x,), x.dtype, shape, PadAttr(tuple(per), value))
 
 
 def _conv_out(size: Dim, k: int, s: int, p: int, d: int) -> Dim:
@@ -119,7 +119,8 @@ def conv2d(c: Ctx, x: Node, w: Node, bias: Node | None, strides: list[int], dil:
         x = _explicit_pad(c, x, lo, hi, 0.0)
         lo = hi = [0, 0]
     kh, kw = w.shape[2], w.shape[3]
-    shape = (x.shape[0], w.shape[0], _conv_out(x.shape[2], kh, strides[0], lo[0], dil[0]), _conv_out(x.shape[3], kw, strides[1], lo[1], dil[1]))
+    oh, ow = _conv_out(x.shape[2], kh, strides[0], lo[0], dil[0]), _conv_out(x.shape[3], kw, strides[1], lo[1], dil[1])
+    shape = (x.shape[0], w.shape[0], oh, ow)
     attr = ConvAttr((strides[0], strides[1]), (lo[0], lo[1]), (dil[0], dil[1]), groups)
     y = b.add(Op.CONV2D, (x, b.cast(w, x.dtype)), x.dtype, shape, attr)
     if bias is not None:
@@ -243,7 +244,9 @@ def _global_pool(c: Ctx) -> Value:
 # ---- normalisation ------------------------------------------------------------------------------------
 
 
-def norm(c: Ctx, x: Node, axes: tuple[int, ...], eps: float, scale: Node | None, bias: Node | None, rms: bool = False) -> tuple[Node, Node, Node]:
+def norm(
+    c: Ctx, x: Node, axes: tuple[int, ...], eps: float, scale: Node | None, bias: Node | None, rms: bool = False
+) -> tuple[Node, Node, Node]:
     """(y, mean, 1/std) over ``axes`` kept as unit dims; ``rms``: no centring (SimplifiedLayerNormalization)."""
     b = c.b
     m = mean(b, x, axes, True, x.dtype)

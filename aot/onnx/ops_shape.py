@@ -107,10 +107,8 @@ def _axes_arg(c: Ctx, i: int) -> list[int] | None:
 def _squeeze(c: Ctx) -> Value:
     shape = c.shape(0)
     axes = _axes_arg(c, 1)
-    if axes is None:
-        drop = {k for k, d in enumerate(shape) if isinstance(d, int) and d == 1}
-    else:
-        drop = {axis_of(a, len(shape)) for a in axes}
+    ones = {k for k, d in enumerate(shape) if isinstance(d, int) and d == 1}
+    drop = ones if axes is None else {axis_of(a, len(shape)) for a in axes}
     target = tuple(d for k, d in enumerate(shape) if k not in drop)
     s = c.static(0)
     if s is not None:

@@ -57,8 +57,9 @@ def load(path: Path) -> Loaded:
     try:
         model.ParseFromString(data)
     except Exception as e:  # google.protobuf.message.DecodeError; its text is the protobuf reader's
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CaptureError(
-            f"{path.name} is not a readable ONNX model ({len(data)} bytes; protobuf: {str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+            f"{path.name} is not a readable ONNX model ({len(data)} bytes; protobuf: {why}): "
             "the file is truncated or damaged; export it again"
         ) from None
     if not model.HasField("graph"):

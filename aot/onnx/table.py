@@ -26,7 +26,7 @@ from ..ir import Dim, DType, Node, as_dim
 if TYPE_CHECKING:
     from .importer import Importer
 
-ELEM_TYPES = {
+ELEM_TYPES: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.f32, onnx.TensorProto.DOUBLE: DType.f64, onnx.TensorProto.FLOAT16: DType.f16,
     onnx.TensorProto.BFLOAT16: DType.bf16, onnx.TensorProto.INT64: DType.i64, onnx.TensorProto.INT32: DType.i32,
     onnx.TensorProto.INT16: DType.i16, onnx.TensorProto.INT8: DType.i8, onnx.TensorProto.UINT8: DType.u8,

@@ -17,11 +17,11 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
-from aotc_build.build import build  # noqa: E402
-from aotc_build.options import BuildOptions, Target  # noqa: E402
-from onnx_util import DYNAMO, TORCHSCRIPT, compare, export  # noqa: E402
+from aotc_build.build import build
+from aotc_build.options import BuildOptions, Target
+from onnx_util import DYNAMO, TORCHSCRIPT, compare, export
 
-from .models import ZOO, FirstOutput, ZooModel, inputs  # noqa: E402
+from .models import ZOO, FirstOutput, ZooModel, inputs
 
 # torch 2.13's exporters fail on these (not aotc): TorchScript has no GQA attention; dynamo cannot decompose
 # T5's relative-position bucketing and Swin's window masks
