@@ -178,7 +178,7 @@ def build(
         from .onnx import import_onnx
 
         imp = import_onnx(Path(model_path), options.dynamic, options.precision)
-        source = Source(imp.name, imp.source_sha256, "onnx", imp.output_names, lambda prog: _onnx_selftest(imp, prog))
+        source = Source(imp.name, imp.source_sha256, "onnx", imp.output_names, lambda prog: _onnx_selftest(imp, prog), imp.versions)
         seconds = {"import": time.perf_counter() - t0}
         graph, prog, fusion_log = compile_lowered(imp.graph, seconds, channels_last=True)
         return _build_program(graph, prog, fusion_log, source, out_path, options, cache_dir, seconds)
@@ -201,6 +201,7 @@ class Source:
     frontend: str  # "torch.export" | "onnx", recorded in the manifest
     output_names: list[str]
     selftest: Callable[[K.Program], tuple[list[tuple[str, np.ndarray]], list[tuple[str, np.ndarray]]]]
+    versions: dict[str, str] = field(default_factory=dict)  # the front end's own, for the manifest's build record
 
 
 def default_cache_dir() -> Path:
@@ -257,7 +258,7 @@ def _build_program(
 
     manifest = Manifest(
         model=ModelInfo(source.name, source.sha256, source.frontend),
-        build=_versions(options),
+        build={**_versions(options), **source.versions},
         symbols=tuple(Symbol(s.name, s.label, s.min, s.max) for s in prog.symbols),
         inputs=tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.inputs),
         outputs=tuple(_spec(name, b.dtype, b.shape) for name, b in zip(source.output_names, prog.outputs, strict=True)),

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ir import Graph
-from .reader import looks_like_onnx
+from .detect import looks_like_onnx
 
 __all__ = ["Imported", "import_onnx", "looks_like_onnx"]
 
@@ -33,6 +33,7 @@ class Imported:
     output_names: list[str]  # the package's names, in graph.outputs order
     path: Path
     relabel: dict[tuple[str, int], str]  # (input, axis) the file fixes but --dynamic made dynamic: their labels
+    versions: dict[str, str]  # onnx, the file's opset and producer, for the manifest's build record
 
     def reference(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Example inputs at each dynamic dimension's example size, and the file's outputs for them."""
@@ -54,4 +55,10 @@ def import_onnx(path: Path, dynamic: tuple[str, ...] = (), precision: str = "fp3
     loaded = load(path)
     low = lower_model(loaded, path.name, dynamic)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return Imported(low.graph, path.stem, digest, low.input_names, low.output_names, path, low.relabel)
+    import onnx
+
+    m = loaded.model
+    versions = {"onnx": onnx.__version__, "onnx_opset": str(loaded.opset)}
+    if m.producer_name:
+        versions["onnx_producer"] = f"{m.producer_name} {m.producer_version}".strip()
+    return Imported(low.graph, path.stem, digest, low.input_names, low.output_names, path, low.relabel, versions)
