@@ -172,7 +172,10 @@ def lower_model(loaded: Loaded, fname: str, dynamic: tuple[str, ...] = ()) -> Lo
                 continue
             if k >= len(outs) or outs[k] is None:
                 raise UnsupportedOp(f"{where}: output {k} ({name!r}) is not supported")
-            env[name] = outs[k]
+            v = outs[k]
+            if isinstance(v, Static) and v.name is None:  # a folded constant: its weight is named after its value
+                v = Static(v.value, v.dtype, name)
+            env[name] = v
 
     outputs: list[Node] = []
     out_names: list[str] = []
