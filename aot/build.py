@@ -10,9 +10,10 @@ import contextlib
 import logging
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,6 +72,15 @@ def compile_graph(
     seconds = {} if seconds is None else seconds
     with _stage(seconds, "lower"):
         graph = lower_program(cap)
+    return compile_lowered(graph, seconds, channels_last)
+
+
+def compile_lowered(
+    graph: Graph, seconds: dict[str, float] | None = None, channels_last: bool = False
+) -> tuple[Graph, K.Plan, list[str]]:
+    """An IR graph from any front end (torch.export, ONNX) -> the kernel program: the shared back half."""
+    seconds = {} if seconds is None else seconds
+    with _stage(seconds, "lower"):
         verify(graph, "lower")
     with _stage(seconds, "passes"):
         graph = run_pipeline(graph, verify)
@@ -169,9 +179,38 @@ def build(
     inputs_entry: str | None = None,
     cache_dir: Path | None = None,
 ) -> BuildReport:
+    """Build a model file: a model.py through torch.export, or an ONNX file (picked by content, not name)."""
     t0 = time.perf_counter()
+    from .onnx import looks_like_onnx
+
+    if looks_like_onnx(Path(model_path)):
+        from .onnx import import_onnx
+
+        imp = import_onnx(Path(model_path), options.dynamic, options.precision)
+        source = Source(imp.name, imp.source_sha256, "onnx", imp.output_names, lambda prog: _onnx_selftest(imp, prog), imp.versions)
+        seconds = {"import": time.perf_counter() - t0}
+        graph, prog, fusion_log = compile_lowered(imp.graph, seconds, channels_last=True)
+        return _build_program(graph, prog, fusion_log, source, out_path, options, cache_dir, seconds)
     cap = capture(Path(model_path), entry, inputs_entry, options.dynamic, options.precision)
     return build_captured(cap, out_path, options, cache_dir, {"capture": time.perf_counter() - t0})
+
+
+def _onnx_selftest(imp: Any, prog: K.Program) -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, np.ndarray]]]:
+    xs, ys = imp.reference()
+    ins = [(prog.labels[b.name], x) for b, x in zip(prog.inputs, xs, strict=True)]
+    return ins, list(zip(imp.output_names, ys, strict=True))
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the shared back half needs from a front end: names for the manifest and the self-test's oracle."""
+
+    name: str
+    sha256: str
+    frontend: str  # "torch.export" | "onnx", recorded in the manifest
+    output_names: list[str]
+    selftest: Callable[[K.Program], tuple[list[tuple[str, np.ndarray]], list[tuple[str, np.ndarray]]]]
+    versions: dict[str, str] = field(default_factory=dict)  # the front end's own, for the manifest's build record
 
 
 def default_cache_dir() -> Path:
@@ -181,11 +220,20 @@ def default_cache_dir() -> Path:
 def build_captured(
     cap: Captured, out_path: Path, options: BuildOptions, cache_dir: Path | None = None, seconds: dict[str, float] | None = None
 ) -> BuildReport:
-    cache_dir = cache_dir or default_cache_dir()
     seconds = {} if seconds is None else seconds
     # Note: one program serves every target. NHWC activations between convs are what the GPU's conv kernels
     # and the C++ channels-last convs (cpp_templates/conv.h) both want.
     graph, prog, fusion_log = compile_graph(cap, seconds, channels_last=True)
+    names = _output_names(cap, prog)
+    source = Source(cap.name, cap.source_sha256, "torch.export", names, lambda p: _selftest(cap, p))
+    return _build_program(graph, prog, fusion_log, source, out_path, options, cache_dir, seconds)
+
+
+def _build_program(
+    graph: Graph, prog: K.Plan, fusion_log: list[str], source: Source, out_path: Path, options: BuildOptions,
+    cache_dir: Path | None, seconds: dict[str, float],
+) -> BuildReport:  # fmt: skip
+    cache_dir = cache_dir or default_cache_dir()
     for line in fusion_log:
         log.info("fusion: %s", line)
 
@@ -210,7 +258,7 @@ def build_captured(
     selftest = None
     if options.selftest:
         with _stage(seconds, "selftest"):
-            ins, outs = _selftest(cap, prog)
+            ins, outs = source.selftest(prog)
             rtol, atol = TOLERANCE.get(prog.outputs[0].dtype, (1e-4, 1e-5)) if prog.outputs else (1e-4, 1e-5)
             if options.precision == "tf32":  # TF32 keeps 10 mantissa bits in every GPU matmul
                 rtol, atol = max(rtol, 1e-2), max(atol, 1e-2)
@@ -218,11 +266,11 @@ def build_captured(
             members[selftest.member] = st_blob
 
     manifest = Manifest(
-        model=ModelInfo(cap.name, cap.source_sha256),
-        build=_versions(options),
+        model=ModelInfo(source.name, source.sha256, source.frontend),
+        build={**_versions(options), **source.versions},
         symbols=tuple(Symbol(s.name, s.label, s.min, s.max) for s in prog.symbols),
         inputs=tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.inputs),
-        outputs=tuple(_spec(name, b.dtype, b.shape) for name, b in zip(_output_names(cap, prog), prog.outputs, strict=True)),
+        outputs=tuple(_spec(name, b.dtype, b.shape) for name, b in zip(source.output_names, prog.outputs, strict=True)),
         weights=weights,
         targets=tuple(targets),
         selftest=selftest,

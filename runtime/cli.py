@@ -87,7 +87,7 @@ def build(
     no_selftest: bool,
     tune: bool,
 ) -> None:
-    """Build MODEL.py into a package (needs the builder: pip install 'aotc[build]')."""
+    """Build MODEL (a model.py, or an ONNX file) into a package (needs the builder: pip install 'aotc[build]')."""
     with _errors():
         if not model.is_file():
             raise UsageError(f"{model} does not exist")
@@ -272,7 +272,7 @@ def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
     echo = click.echo
     echo(f"package   {pkg.path} ({pkg.size:,} bytes)")
     echo(f"format    aotc format version {m.format_version}")
-    echo(f"model     {m.model.name} (source sha256 {m.model.source_sha256[:16]}…)")
+    echo(f"model     {m.model.name} (source sha256 {m.model.source_sha256[:16]}…, front end {m.model.frontend})")
     echo("build     " + ", ".join(f"{k} {v}" for k, v in m.build.items()))
     for s in m.symbols:
         echo(f"symbol    {s.label} ({s.name}) in [{s.min}, {'inf' if s.max is None else s.max}]")

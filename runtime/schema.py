@@ -11,7 +11,7 @@ writes it.
 A manifest (JSON, keys sorted)::
 
     {"format": "aotc", "format_version": 4,
-     "model": {"name": "mlp", "source_sha256": "…"},
+     "model": {"name": "mlp", "source_sha256": "…", "frontend": "torch.export"},
      "build": {"aotc": "0.1.0", "torch": "2.13.0", …},
      "symbols": [{"name": "s0", "label": "batch", "min": 1, "max": 256}],
      "inputs":  [{"name": "x", "dtype": "float32", "shape": ["s0", 256]}],
@@ -121,6 +121,7 @@ def _dtype_names() -> dict[np.dtype, str]:
 class ModelInfo:
     name: str
     source_sha256: str
+    frontend: str = "torch.export"  # what read the model: "torch.export" (a model.py) or "onnx"
 
 
 @dataclass(frozen=True)
