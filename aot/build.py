@@ -32,6 +32,7 @@ from .memory import plan_memory
 from .options import BuildOptions, Target
 from .package import selftest_member, weights_member, write_package
 from .passes import run_pipeline
+from .progress import Progress
 from .symbolic import to_size
 from .verify import verify
 
@@ -55,7 +56,9 @@ class BuildReport:
 
 
 @contextlib.contextmanager
-def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
+def _stage(seconds: dict[str, float], name: str, progress: Progress | None = None, detail: str = "") -> Iterator[None]:
+    if progress is not None:
+        progress.stage(name, detail)
     t0 = time.perf_counter()
     try:
         yield
@@ -64,17 +67,17 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 
 def compile_graph(
-    cap: Captured, seconds: dict[str, float] | None = None, channels_last: bool = False
+    cap: Captured, seconds: dict[str, float] | None = None, channels_last: bool = False, progress: Progress | None = None
 ) -> tuple[Graph, K.Plan, list[str]]:
     """Everything up to the kernel program (``seconds`` collects stage times). ``channels_last``: activations
     between convolutions stored NHWC, what the GPU conv kernels want (``passes/layout.py``)."""
     seconds = {} if seconds is None else seconds
-    with _stage(seconds, "lower"):
+    with _stage(seconds, "lower", progress):
         graph = lower_program(cap)
         verify(graph, "lower")
-    with _stage(seconds, "passes"):
+    with _stage(seconds, "passes", progress):
         graph = run_pipeline(graph, verify)
-    with _stage(seconds, "fuse"):
+    with _stage(seconds, "fuse", progress):
         prog, fusion_log = fuse(graph, channels_last)
         plan = plan_memory(prog)
     return graph, plan, fusion_log
@@ -85,13 +88,17 @@ def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
 
 
 def _cpu_target(
-    prog: K.Plan, packs: list[Packing], target: Target, options: BuildOptions, cache_dir: Path, weights: dict[str, np.ndarray]
-) -> tuple[CpuTarget, dict[str, bytes]]:
+    prog: K.Plan, packs: list[Packing], target: Target, options: BuildOptions, cache_dir: Path, weights: dict[str, np.ndarray],
+    sources_dir: Path | None = None,
+) -> tuple[CpuTarget, dict[str, bytes]]:  # fmt: skip
     """A CPU target from its plan with packed weights (``pack_plan``); ``weights``: values by label."""
     from .codegen import cpp
     from .compile import compile_cpp
 
     source = cpp.generate(prog, options)
+    if sources_dir is not None:  # --keep-sources: the generated C++ for reading
+        (sources_dir / "cpu" / target.arch).mkdir(parents=True, exist_ok=True)
+        (sources_dir / "cpu" / target.arch / "model.cpp").write_text(source)
     lib = compile_cpp(source, target, options, cache_dir)
     member = f"cpu/{target.arch}/model.so"
     members = {member: lib.so_bytes}
@@ -107,11 +114,14 @@ def _cpu_target(
     return spec, members
 
 
-def _cuda_target(prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path) -> tuple[CudaTarget, dict[str, bytes]]:
+def _cuda_target(
+    prog: K.Plan, target: Target, options: BuildOptions, cache_dir: Path, progress: Progress | None = None
+) -> tuple[CudaTarget, dict[str, bytes]]:
     from .cubin import build_cuda_target
     from .tune import tune_program
 
-    return build_cuda_target(prog, target, options, cache_dir, tune_program if options.tune else None)
+    on_done = progress.kernels if progress is not None else None
+    return build_cuda_target(prog, target, options, cache_dir, tune_program if options.tune else None, on_done=on_done)
 
 
 def _versions(options: BuildOptions) -> dict[str, str]:
@@ -125,6 +135,12 @@ def _versions(options: BuildOptions) -> dict[str, str]:
     if any(t.kind == "cpu" for t in options.targets):
         first = subprocess.run(["g++", "--version"], capture_output=True, text=True, check=False).stdout.splitlines()
         out["gcc"] = first[0] if first else "unknown"
+    # The options that shaped the package (never paths or dates: the same input gives the same bytes)
+    out["options"] = " ".join(
+        [f"--target {t}" for t in options.targets] + [f"--precision {options.precision}"]
+        + [f"--dynamic {d}" for d in options.dynamic] + (["--no-selftest"] if not options.selftest else [])
+        + (["--tune"] if options.tune else [])
+    )  # fmt: skip
     return out
 
 
@@ -159,10 +175,14 @@ def build(
     entry: str | None = None,
     inputs_entry: str | None = None,
     cache_dir: Path | None = None,
+    progress: Progress | None = None,
+    sources_dir: Path | None = None,
 ) -> BuildReport:
-    t0 = time.perf_counter()
-    cap = capture(Path(model_path), entry, inputs_entry, options.dynamic, options.precision)
-    return build_captured(cap, out_path, options, cache_dir, {"capture": time.perf_counter() - t0})
+    """``progress`` is told each stage and kernel count; ``sources_dir`` receives the generated C++ and Triton."""
+    seconds: dict[str, float] = {}
+    with _stage(seconds, "capture", progress, "(torch.export)"):
+        cap = capture(Path(model_path), entry, inputs_entry, options.dynamic, options.precision)
+    return build_captured(cap, out_path, options, cache_dir, seconds, progress, sources_dir)
 
 
 def default_cache_dir() -> Path:
@@ -170,13 +190,14 @@ def default_cache_dir() -> Path:
 
 
 def build_captured(
-    cap: Captured, out_path: Path, options: BuildOptions, cache_dir: Path | None = None, seconds: dict[str, float] | None = None
-) -> BuildReport:
+    cap: Captured, out_path: Path, options: BuildOptions, cache_dir: Path | None = None, seconds: dict[str, float] | None = None,
+    progress: Progress | None = None, sources_dir: Path | None = None,
+) -> BuildReport:  # fmt: skip
     cache_dir = cache_dir or default_cache_dir()
     seconds = {} if seconds is None else seconds
     # Note: one program serves every target. NHWC activations between convs are what the GPU's conv kernels
     # and the C++ channels-last convs (cpp_templates/conv.h) both want.
-    graph, prog, fusion_log = compile_graph(cap, seconds, channels_last=True)
+    graph, prog, fusion_log = compile_graph(cap, seconds, channels_last=True, progress=progress)
     for line in fusion_log:
         log.info("fusion: %s", line)
 
@@ -185,22 +206,28 @@ def build_captured(
     dropped = set() if any(t.kind == "cuda" for t in options.targets) else packed_only(list(cpu_plans.values()))
     cpu_plans = {t: (without(p, dropped), packs) for t, (p, packs) in cpu_plans.items()}
     shared = [w for w in prog.weights if w.name not in dropped]
-    with _stage(seconds, "weights"):
+    with _stage(seconds, "weights", progress):
         weights, blob = weights_member([(prog.labels[w.name], graph.weights[prog.labels[w.name]]) for w in shared])
     members: dict[str, bytes] = {weights.member: blob}
     targets: list[CpuTarget | CudaTarget] = []
     for t in options.targets:
-        with _stage(seconds, str(t)):
+        detail = f"(g++, {len(prog.kernels)} kernels)" if t.kind == "cpu" else f"(triton, {len(prog.kernels)} kernels)"
+        with _stage(seconds, str(t), progress, detail):
             if t.kind == "cpu":
-                spec, mem = _cpu_target(*cpu_plans[t], t, options, cache_dir, graph.weights)
+                spec, mem = _cpu_target(*cpu_plans[t], t, options, cache_dir, graph.weights, sources_dir)
             else:
-                spec, mem = _cuda_target(prog, t, options, cache_dir)
+                spec, mem = _cuda_target(prog, t, options, cache_dir, progress)
+                if sources_dir is not None:  # the Triton source of each kernel is a member beside its cubin
+                    for name, data in mem.items():
+                        if name.endswith(".py"):
+                            (sources_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                            (sources_dir / name).write_bytes(data)
         targets.append(spec)
         members.update(mem)
 
     selftest = None
     if options.selftest:
-        with _stage(seconds, "selftest"):
+        with _stage(seconds, "selftest", progress, "(eager reference outputs)"):
             ins, outs = _selftest(cap, prog)
             rtol, atol = TOLERANCE.get(prog.outputs[0].dtype, (1e-4, 1e-5)) if prog.outputs else (1e-4, 1e-5)
             if options.precision == "tf32":  # TF32 keeps 10 mantissa bits in every GPU matmul
@@ -218,7 +245,7 @@ def build_captured(
         targets=tuple(targets),
         selftest=selftest,
     )
-    with _stage(seconds, "write"):
+    with _stage(seconds, "write", progress):
         write_package(out_path, manifest, members)
     report = BuildReport(Path(out_path), len(prog.kernels), len(blob), [str(t) for t in options.targets], fusion_log, seconds)
     log.info("built %s in %s", out_path, report.timing())

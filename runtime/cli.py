@@ -21,13 +21,13 @@ import click
 import numpy as np
 
 from . import __version__
+from .cli_group import Group
 from .errors import EXIT_CODES, AotcError, InputMismatch, PackageCorrupt, UsageError, VerifyFailed
 from .model import Model, load
 from .package import Package
-from .schema import ITEMSIZE, CpuTarget, to_dict
+from .schema import FORMAT_VERSION, ITEMSIZE, CpuTarget, to_dict
 
 F = TypeVar("F", bound=Callable[..., Any])
-_BUILD_DEPS = {"aotc_build", "torch", "triton", "sympy", "safetensors", "jinja2", "onnx"}
 
 _EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code}  {name}" for name, code in sorted(EXIT_CODES.items(), key=lambda kv: kv[1]))
 
@@ -45,8 +45,8 @@ def _device_option(f: F) -> F:
     return click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")(f)
 
 
-@click.group(epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="aotc")
+@click.group(cls=Group, epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="aotc", message=f"%(prog)s %(version)s (package format version {FORMAT_VERSION})")
 def cli() -> None:
     """Ahead-of-time compiled PyTorch models: build a package once, run it without torch."""
 
@@ -71,6 +71,9 @@ def cli() -> None:
 )
 @click.option("--no-selftest", is_flag=True, help="Do not store example inputs and eager outputs.")
 @click.option("--tune", is_flag=True, help="Benchmark matmul/conv tile configs on this machine's GPU (cached).")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the result line (progress is shown on a terminal only).")
+@click.option("-v", "--verbose", is_flag=True, help="Show torch's warnings and messages and the fusion log.")
+@click.option("--keep-sources", type=click.Path(path_type=Path), default=None, help="Write the generated C++ and Triton here.")
 def build(
     *,
     model: Path,
@@ -82,29 +85,21 @@ def build(
     precision: str,
     no_selftest: bool,
     tune: bool,
+    quiet: bool,
+    verbose: bool,
+    keep_sources: Path | None,
 ) -> None:
     """Build MODEL.py into a package (needs the builder: pip install 'aotc[build]')."""
     with _errors():
-        if not model.is_file():
-            raise UsageError(f"{model} does not exist")
-        try:
-            from aotc_build.build import build as run_build
-            from aotc_build.options import BuildOptions, parse_target
-        except ImportError as e:
-            # Only a missing builder or build dependency is the user's to fix; anything else is a bug.
-            if (e.name or "").split(".")[0] not in _BUILD_DEPS and e.name != "aotc_build.build":
-                raise
-            raise UsageError(f"`aotc build` needs the builder and torch ({e}): pip install 'aotc[build]'") from None
-        kwargs: dict[str, Any] = {"precision": precision, "dynamic": dynamic, "selftest": not no_selftest, "tune": tune}
-        names = [t for group in targets for t in group.split(",") if t.strip()]
-        if names:
-            kwargs["targets"] = tuple(parse_target(t) for t in names)
+        from aotc_build.cli_build import BuildRequest
+        from aotc_build.cli_build import run as run_build
+
         cache = os.environ.get("AOTC_CACHE_DIR")  # the one place the environment is read
-        report = run_build(model, out, BuildOptions(**kwargs), entry, inputs_entry, Path(cache) if cache else None)
-        summary = f" ({report.kernels} kernels; targets {', '.join(report.targets)})" if report is not None else ""
-        click.echo(f"wrote {out}{summary}")
-        if report is not None and report.seconds:
-            click.echo(f"  in {report.timing()}")
+        req = BuildRequest(
+            model, out, targets, entry, inputs_entry, dynamic, precision, not no_selftest, tune, quiet, verbose, keep_sources,
+            Path(cache) if cache else None,
+        )  # fmt: skip
+        run_build(req, click.echo)
 
 
 def _load_input(spec: str, model: Model) -> tuple[str, np.ndarray]:

@@ -138,11 +138,21 @@ def _check_supported(gm: torch.fx.GraphModule) -> None:
             missing[name] += 1
             first.setdefault(name, source_line(n))
     if missing:
-        lines = [f"  {op} (x{k}), first at {first[op] or 'an unknown source line'}" for op, k in sorted(missing.items())]
+        where = {op: first[op] or "an unknown source line" for op in missing}
+        lines = [f"  {_USER_NAME.get(op, op)} (x{k}), first at {where[op]}" for op, k in sorted(missing.items())]
+        hints = [f"\n  fix: {_HINTS[op]}" for op in sorted(missing) if op in _HINTS]
         raise UnsupportedOp(
-            "the model uses ops aotc cannot lower yet:\n" + "\n".join(lines)
+            "the model uses ops aotc cannot lower yet:\n" + "\n".join(lines) + "".join(hints)
             + "\n  fix: rewrite those lines with supported ops (see docs/ops.md), or file an issue naming the op"
         )  # fmt: skip
+
+
+# aten ops that users never wrote by that name: say what they wrote, and what to write instead
+_USER_NAME = {"aten._local_scalar_dense.default": ".item() (aten._local_scalar_dense)"}
+_HINTS = {
+    "aten._local_scalar_dense.default": "keep the value a tensor (e.g. `x * x.max()` rather than `x * x.max().item()`): "
+    "a package cannot turn a tensor into a Python number mid-graph",
+}
 
 
 def source_line(fx: torch.fx.Node) -> str | None:
