@@ -97,11 +97,11 @@ def _declared_dims(dynamic_shapes: Any, input_names: list[str]) -> dict[tuple[st
             for axis, dim in spec.items():
                 label = getattr(dim, "__name__", None)
                 if label:
-                    out[(name, int(axis))] = (str(label), int(getattr(dim, "min", 0)), _finite(getattr(dim, "max", None)))
+                    out[(name, int(axis))] = (str(label), int(getattr(dim, "min", 0)), finite(getattr(dim, "max", None)))
     return out
 
 
-def _finite(hi: Any) -> int | None:
+def finite(hi: Any) -> int | None:
     """A Dim's max as an int, or None when unbounded (torch's ``int_oo`` claims ``is_finite`` and fails ``int()``)."""
     if hi is None:
         return None
@@ -280,7 +280,7 @@ def _keeps_declared_dims(ep: Any, declared: dict, names: list[str]) -> bool:
             return False
         vr = ep.range_constraints.get(expr)
         # AUTO dims start at 2 (torch traces 0 and 1 as general sizes, as it does for a named Dim(min=1))
-        if vr is None or int(vr.lower) > max(lo, 2) or (hi is not None and vr.upper.is_finite and int(vr.upper) < hi):
+        if vr is None or int(vr.lower) > max(lo, 2) or (hi is not None and (finite(vr.upper) or hi) < hi):
             return False
     return len(set(symbol_of.values())) == len(symbol_of)  # distinct declared dims stay distinct
 

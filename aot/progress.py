@@ -85,7 +85,7 @@ def hush(verbose: bool) -> Iterator[IO[str]]:
     levels = [lg.level for lg in loggers]
     os.dup2(sink.fileno(), 2)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stderr(sink):
             warnings.simplefilter("ignore")
             for lg in loggers:
                 lg.setLevel(logging.ERROR)

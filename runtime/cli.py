@@ -235,5 +235,16 @@ def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
         echo(f"member    {status[name]:8} {name}  {mem.size:,} bytes  sha256 {mem.sha256[:16]}…")
 
 
+def _more_commands() -> None:
+    from .bench import bench
+    from .doctor import doctor
+
+    cli.add_command(bench)
+    cli.add_command(doctor)
+
+
+_more_commands()
+
+
 def main() -> None:
     cli(prog_name="aotc")

@@ -2,16 +2,22 @@
 
 What it is: a ``click.Group`` whose ``main`` prints click's usage errors (unknown option, missing argument,
 bad choice) as ``aotc CMD: error: ... (see aotc CMD -h)`` instead of click's three-line block, so that
-scripts and users see one line for every refusal. What it is not: the commands (``cli.py`` and the modules
-each new command lives in).
+scripts and users see one line for every refusal. Also ``refusals()`` and ``device_option``, shared by
+the commands that live in their own modules (bench, doctor). What it is not: the commands.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import click
+
+from .errors import AotcError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _NO_ARGS: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 
@@ -38,3 +44,17 @@ class Group(click.Group):
             click.echo("aotc: aborted", err=True)
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+@contextmanager
+def refusals() -> Iterator[None]:
+    """Every ``AotcError`` as one line on stderr and its class's exit code (``aotc.errors``)."""
+    try:
+        yield
+    except AotcError as e:
+        click.echo(f"aotc: {type(e).__name__}: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+def device_option(f: F) -> F:
+    return click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")(f)

@@ -19,7 +19,7 @@ import torch
 from aotc.errors import UnsupportedOp
 
 from ..builder import Builder
-from ..capture import Captured
+from ..capture import Captured, finite
 from ..ir import DType, Graph, InputAttr, Node, Op, Symbol, WeightAttr
 
 # The rule modules register into TABLE with @lower as they are imported: importing them here, once, at the
@@ -111,7 +111,7 @@ def _symbols(cap: Captured, inputs: list[Node]) -> list[Symbol]:
                 vr = ranges.get(d)
                 lo = int(vr.lower) if vr is not None else 0
                 hi_raw = vr.upper if vr is not None else None
-                hi = int(hi_raw) if hi_raw is not None and hi_raw.is_finite else None
+                hi = finite(hi_raw)  # torch's int_oo says is_finite and fails int()
                 # the user's declared range wins: an export retried with Dim.AUTO reports min 2 for min=1 dims
                 label, declared_lo, declared_hi = cap.dims.get((node.attr.name, axis), (f"{node.attr.name}.shape[{axis}]", lo, hi))
                 lo, hi = declared_lo, hi if declared_hi is None else declared_hi
