@@ -16,7 +16,6 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np

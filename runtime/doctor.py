@@ -41,13 +41,19 @@ class Check:
 def _cpu() -> list[Check]:
     flags = cpu_flags()
     if platform.machine() not in ("x86_64", "AMD64"):
-        return [Check("cpu", "missing", f"{platform.machine()}: aotc's CPU targets are x86-64 only", "run CPU packages on an x86-64 machine")]
+        return [
+            Check("cpu", "missing", f"{platform.machine()}: aotc's CPU targets are x86-64 only", "run CPU packages on an x86-64 machine")
+        ]
     level = cpu_level()
     model = _cpu_model()
     out = [Check("cpu", "ok", f"{model}, {os.cpu_count()} cores, level {level} (packages built for cpu:{level} or lower run here)")]
     lacking = missing_features(LEVEL_FEATURES["x86-64-v3"], flags)
     if lacking:
-        out.append(Check("cpu level", "note", f"below x86-64-v3 (lacks {', '.join(lacking)})", "build with --target cpu:x86-64-v2 for this machine"))
+        out.append(
+            Check(
+                "cpu level", "note", f"below x86-64-v3 (lacks {', '.join(lacking)})", "build with --target cpu:x86-64-v2 for this machine"
+            )
+        )
     extra = [f for f in _EXTRA_FLAGS if f in flags]
     out.append(Check("cpu flags", "ok" if extra else "note", ", ".join(extra) or "no AVX-512 bf16/VNNI or AMX (bf16 runs slower)"))
     return out
@@ -73,7 +79,9 @@ def _openmp() -> Check:
 def _compiler() -> Check:
     gxx = shutil.which("g++")
     if gxx is None:
-        return Check("compiler", "missing", "no g++ on PATH (needed to build CPU targets, not to run them)", "apt install g++ (version 9 or newer)")
+        return Check(
+            "compiler", "missing", "no g++ on PATH (needed to build CPU targets, not to run them)", "apt install g++ (version 9 or newer)"
+        )
     first = subprocess.run([gxx, "--version"], capture_output=True, text=True, check=False).stdout.splitlines()
     return Check("compiler", "ok", f"{first[0] if first else gxx} ({gxx})")
 
@@ -98,7 +106,13 @@ def _cuda() -> list[Check]:
     for i in range(n):
         info = cuda.device_info(i)
         gib = info["total_mem"] / 2**30
-        out.append(Check(f"gpu {i}", "ok", f"{info['name']}, {info['arch']}, {info['sm_count']} SMs, {gib:.0f} GiB: build with --target cuda:{info['arch']}"))
+        out.append(
+            Check(
+                f"gpu {i}",
+                "ok",
+                f"{info['name']}, {info['arch']}, {info['sm_count']} SMs, {gib:.0f} GiB: build with --target cuda:{info['arch']}",
+            )
+        )
     return out
 
 
@@ -117,7 +131,9 @@ def _builder() -> list[Check]:
             out.append(Check(dist, "note", "not installed: needed to build packages, not to run them", "pip install 'aotc[build]'"))
         else:
             old = tuple(int(p) for p in v.split("+")[0].split(".")[:2] if p.isdigit()) < tuple(int(p) for p in need.split("."))
-            out.append(Check(dist, "missing" if old else "ok", v, f"aotc builds with {dist} >= {need}: pip install -U {dist}" if old else ""))
+            out.append(
+                Check(dist, "missing" if old else "ok", v, f"aotc builds with {dist} >= {need}: pip install -U {dist}" if old else "")
+            )
     return out
 
 
@@ -126,7 +142,12 @@ def _cache(env: str | None) -> Check:
     origin = "AOTC_CACHE_DIR" if env else "default; set AOTC_CACHE_DIR to move it"
     probe = path if path.exists() else next((p for p in path.parents if p.exists()), Path("/"))
     if not os.access(probe, os.W_OK):
-        return Check("cache", "missing", f"{path} ({origin}) is not writable: builds recompile every kernel", "set AOTC_CACHE_DIR to a writable folder")
+        return Check(
+            "cache",
+            "missing",
+            f"{path} ({origin}) is not writable: builds recompile every kernel",
+            "set AOTC_CACHE_DIR to a writable folder",
+        )
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
     return Check("cache", "ok", f"{path} ({origin}), {size / 2**20:.1f} MiB")
 
