@@ -26,6 +26,7 @@ from . import kernel as K
 from .capture import Captured, capture
 from .codegen.cpp_pack import Packing, pack_array, pack_plan, packed_only, without
 from .fusion import fuse
+from .index_ranges import index_ranges
 from .ir import DType, Graph
 from .lower import lower_program
 from .memory import plan_memory
@@ -235,15 +236,18 @@ def build_captured(
             selftest, st_blob = selftest_member(ins, outs, rtol, atol)
             members[selftest.member] = st_blob
 
+    input_specs = tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.inputs)
+    input_names = {t.name for t in input_specs}
     manifest = Manifest(
         model=ModelInfo(cap.name, cap.source_sha256),
         build=_versions(options),
         symbols=tuple(Symbol(s.name, s.label, s.min, s.max) for s in prog.symbols),
-        inputs=tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.inputs),
+        inputs=input_specs,
         outputs=tuple(_spec(name, b.dtype, b.shape) for name, b in zip(_output_names(cap, prog), prog.outputs, strict=True)),
         weights=weights,
         targets=tuple(targets),
         selftest=selftest,
+        index_ranges=tuple(r for r in index_ranges(graph) if r.input in input_names),
     )
     with _stage(seconds, "write", progress):
         write_package(out_path, manifest, members)

@@ -78,9 +78,9 @@ def run(req: BuildRequest, echo: Any) -> None:
             )  # fmt: skip
         finally:
             progress.close()
-    summary = f" ({report.kernels} kernels; targets {', '.join(report.targets)})"
+    summary = f" ({report.kernels} kernels; targets {', '.join(report.targets)})" if report is not None else ""
     echo(f"wrote {req.out}{summary}")
-    if report.seconds and not req.quiet:
+    if report is not None and report.seconds and not req.quiet:
         echo(f"  in {report.timing()}")
     if req.keep_sources is not None and not req.quiet:
         echo(f"  sources in {req.keep_sources}")

@@ -160,7 +160,7 @@ def test_build_passes_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     model.write_text("")
     seen = {}
 
-    def fake_build(model_path, out_path, options, entry, inputs_entry, cache_dir=None, *rest):
+    def fake_build(model_path, out_path, options, entry, inputs_entry, cache_dir=None, *rest, **kw):
         seen.update(model=model_path, out=out_path, options=options, entry=entry, inputs_entry=inputs_entry, cache=cache_dir)
 
     monkeypatch.setitem(sys.modules, "aotc_build.build", types.SimpleNamespace(build=fake_build))

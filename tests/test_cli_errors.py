@@ -147,3 +147,39 @@ def test_dynamic_without_range_builds_quietly(tmp_path: Path, aotc_cache: Path) 
     assert p.stdout.startswith(f"wrote {out}")
     r = CliRunner().invoke(cli, ["inspect", str(out)])
     assert "symbol    batch" in r.stdout and "in [1, inf]" in r.stdout, r.stdout
+
+
+EMBED = """import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 16)
+        self.fc = torch.nn.Linear(16, 4)
+    def forward(self, input_ids):
+        return self.fc(self.emb(input_ids))
+torch.manual_seed(0)
+model = M()
+example_inputs = (torch.randint(0, 100, (2, 8)),)
+"""
+
+
+def test_token_ids_out_of_range_are_input_mismatch(tmp_path: Path, aotc_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id past the vocabulary (or negative) is refused before the call, naming the input and the size."""
+    import numpy as np
+
+    monkeypatch.setenv("AOTC_CACHE_DIR", str(aotc_cache))
+    (tmp_path / "emb.py").write_text(EMBED)
+    pkg = tmp_path / "emb.pkg"
+    r = CliRunner().invoke(cli, ["build", str(tmp_path / "emb.py"), "-o", str(pkg)])
+    assert r.exit_code == 0, r.output
+    for at, value in (((0, 2), 150), ((1, 5), -2)):
+        ids = np.arange(16, dtype=np.int64).reshape(2, 8)
+        ids[at] = value
+        bad = f"value {value} at {list(at)}"
+        np.save(tmp_path / "ids.npy", ids)
+        r = CliRunner().invoke(cli, ["run", str(pkg), "-i", f"input_ids={tmp_path / 'ids.npy'}"])
+        assert r.exit_code == 5, r.output
+        assert bad in r.stderr and "input 'input_ids'" in r.stderr and "vocabulary size 100" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    np.save(tmp_path / "ids.npy", np.full((2, 8), 99, np.int64))
+    assert CliRunner().invoke(cli, ["run", str(pkg), "-i", f"input_ids={tmp_path / 'ids.npy'}"]).exit_code == 0
