@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from typing import IO, Any
@@ -39,7 +40,7 @@ class RichProgress(Progress):
         from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Bar
 
-        self._console = Console(file=stream, stderr=False)
+        self._console = Console(file=stream, stderr=False, highlight=False)
         self._bar = Bar(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=self._console, transient=True,
@@ -47,19 +48,23 @@ class RichProgress(Progress):
         self._bar.start()
         self._task = self._bar.add_task("starting", total=None)
         self._last = ""
+        self._t0 = time.perf_counter()
+
+    def _done(self) -> None:
+        if self._last:
+            self._console.print(f"[green]✓[/green] {self._last} [dim]{time.perf_counter() - self._t0:.1f} s[/dim]")
 
     def stage(self, name: str, detail: str = "") -> None:
-        if self._last:
-            self._console.print(f"[green]✓[/green] {self._last}")
-        self._last = name
-        self._bar.update(self._task, description=f"{name} {detail}".rstrip(), total=None, completed=0)
+        self._done()
+        self._last, self._t0 = name, time.perf_counter()
+        self._bar.remove_task(self._task)  # a fresh task: rich keeps an old total through update(total=None)
+        self._task = self._bar.add_task(f"{name} {detail}".rstrip(), total=None)
 
     def kernels(self, done: int, total: int) -> None:
         self._bar.update(self._task, total=total, completed=done)
 
     def close(self) -> None:
-        if self._last:
-            self._console.print(f"[green]✓[/green] {self._last}")
+        self._done()
         self._bar.stop()
 
 
