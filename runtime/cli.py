@@ -9,7 +9,6 @@ What it is not: logic. Anything a user could want from Python lives in the libra
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -20,12 +19,12 @@ from typing import Any, TypeVar
 import click
 import numpy as np
 
-from . import __version__
+from . import __version__, inspect_view
 from .cli_group import Group
 from .errors import EXIT_CODES, AotcError, InputMismatch, PackageCorrupt, UsageError, VerifyFailed
 from .model import Model, load
 from .package import Package
-from .schema import FORMAT_VERSION, ITEMSIZE, CpuTarget, to_dict
+from .schema import FORMAT_VERSION, to_dict
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -186,53 +185,17 @@ def inspect(package: Path, as_json: bool) -> None:
         if as_json:
             click.echo(
                 json.dumps(
-                    {"manifest": to_dict(m), "member_status": status, "size": pkg.size},
+                    {"manifest": to_dict(m), "member_status": status, "size": pkg.size, "summary": inspect_view.summary(pkg)},
                     indent=1,
                     sort_keys=True,
                 )
             )
         else:
-            _print_inspect(pkg, status)
+            for line in inspect_view.lines(pkg, status):
+                click.echo(line)
         bad = [n for n, s in status.items() if s != "ok"]
         if bad:
             raise PackageCorrupt(f"{package}: sha256 mismatch in {', '.join(bad)}; copy it again or rebuild it")
-
-
-def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
-    m = pkg.manifest
-    echo = click.echo
-    echo(f"package   {pkg.path} ({pkg.size:,} bytes)")
-    echo(f"format    aotc format version {m.format_version}")
-    echo(f"model     {m.model.name} (source sha256 {m.model.source_sha256[:16]}…)")
-    echo("build     " + ", ".join(f"{k} {v}" for k, v in m.build.items()))
-    for s in m.symbols:
-        echo(f"symbol    {s.label} ({s.name}) in [{s.min}, {'inf' if s.max is None else s.max}]")
-    for t in m.inputs:
-        echo(f"input     {t.name}: {m.describe(t)}")
-    for t in m.outputs:
-        echo(f"output    {t.name}: {m.describe(t)}")
-    for tg in m.targets:
-        if isinstance(tg, CpuTarget):
-            echo(
-                f"target    cpu:{tg.level}  {tg.library}, {len(tg.kernels)} kernels, "
-                f"arena {m.pretty(tg.arena_bytes)} bytes, abi {tg.abi_version}, {tg.compiler}"
-                + (f", glibc >= {tg.min_glibc}" if tg.min_glibc else "")
-                + (f", {len(tg.packed.tensors)} packed weights in {tg.packed.member}" if tg.packed else "")
-            )
-        else:
-            echo(
-                f"target    cuda:{tg.arch}  {len(tg.kernels)} kernels, {len(tg.launches)} launches, "
-                f"arena {m.pretty(tg.arena_bytes)} bytes, {tg.precision}, triton {tg.triton_version}, "
-                f"ptxas {tg.ptxas_version}, driver >= {tg.min_driver // 1000}.{tg.min_driver % 1000 // 10}"
-            )
-            for k in tg.kernels:
-                echo(f"  kernel  {k.name}  {k.member}, {k.num_warps} warps, {k.shared:,} bytes shared")
-    nbytes = sum(math.prod(int(d) for d in t.shape) * ITEMSIZE[t.dtype] for t in m.weights.tensors)
-    echo(f"weights   {len(m.weights.tensors)} tensors, {nbytes:,} bytes in {m.weights.member}")
-    st = m.selftest
-    echo("selftest  " + ("none" if st is None else f"{st.member} (rtol={st.rtol:g}, atol={st.atol:g})"))
-    for name, mem in m.members.items():
-        echo(f"member    {status[name]:8} {name}  {mem.size:,} bytes  sha256 {mem.sha256[:16]}…")
 
 
 def _more_commands() -> None:
