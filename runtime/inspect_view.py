@@ -57,7 +57,7 @@ def _kernels(m: Manifest, pkg: Package, t: CpuTarget | CudaTarget) -> list[dict[
         return [{"name": k, "target": f"cpu:{t.level}", "launch": "OpenMP loop", "code": t.library} for k in t.kernels]
     launches: dict[str, list[str]] = {}
     for launch in t.launches:
-        launches.setdefault(launch.kernel, []).append("x".join(m.pretty(g) for g in launch.grid))
+        launches.setdefault(launch.kernel, []).append("(" + ", ".join(m.pretty(g) for g in launch.grid) + ")")
     rows = []
     for k in t.kernels:
         member = m.members.get(k.member)

@@ -110,7 +110,7 @@ def test_inspect_shows_cuda_kernels(make_package) -> None:
     assert r.exit_code == 0, r.output
     assert "target    cuda:sm_90  1 kernels, 1 launches" in r.stdout and "driver >= 12.8" in r.stdout
     row = next(ln for ln in r.stdout.splitlines() if ln.split()[:2] == ["affine_k", "cuda:sm_90"])
-    assert "4 B" in row and "grid s0x1x1, block 128, shared 1,024 B" in row, row
+    assert "4 B" in row and "grid (batch, 1, 1), block 128, shared 1,024 B" in row, row
     assert "member    ok       cuda/sm_90/affine_k.cubin" in r.stdout
 
 
@@ -132,10 +132,10 @@ def test_inspect(make_package) -> None:
     for line in (
         f"format    aotc format version {FORMAT_VERSION}",
         "model     affine",
-        "symbol    batch (s0) in [1, 64]",
+        "dimension batch in [1, 64]",
         "input     x: float32[batch, 4]",
         "output    relu: float32[batch, 3]",
-        "target    cpu:x86-64-v2  cpu/x86-64-v2/model.so, 1 kernels, arena batch*12 bytes",
+        "target    cpu:x86-64-v2  1 kernels in cpu/x86-64-v2/model.so, arena 12 B (batch=1) to 768 B (batch=64)",
         "weights   2 tensors, 60 bytes in weights.safetensors",
         "member    ok       weights.safetensors",
     ):
