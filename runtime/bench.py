@@ -155,8 +155,10 @@ def run_bench(
     batch = next((a.shape[0] for a in host.values() if a.ndim), 1)
     spread = p90 / p50 if p50 > 0 else 1.0
     warning = None
-    if spread > SPREAD_LIMIT:
-        warning = (f"p90 is {spread:.2f}x p50: too wide to trust; the machine is busy or threads contend "
+    if spread > SPREAD_LIMIT or mean > SPREAD_LIMIT * p50:
+        # a skewed tail (most calls fast, some preempted) shows in the mean before it shows in p90
+        what = f"p90 is {spread:.2f}x p50" if spread > SPREAD_LIMIT else f"the mean is {mean / p50:.2f}x p50 (p99 {p99:.3g} ms)"
+        warning = (f"{what}: too wide to trust; the machine is busy or threads contend "
                    "(see `uptime`; try --threads, or more --iterations on a quiet machine)")  # fmt: skip
     model.close()
     return BenchResult(
