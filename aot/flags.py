@@ -94,8 +94,10 @@ def check_model_file(path: Path) -> None:
         raise UsageError(f"{path}: no such file; pass the path of a model.py")
     if not path.is_file():
         raise UsageError(f"{path}: is a directory; pass the path of a model.py")
+    if path.suffix == ".onnx":  # the ONNX front end reads and checks it
+        return
     if path.suffix != ".py":
-        raise UsageError(f"{path}: not a .py file; `aotc build` takes a model.py that defines `model` and `example_inputs`")
+        raise UsageError(f"{path}: not a .py (or .onnx) file; `aotc build` takes a model.py that defines `model` and `example_inputs`")
     try:
         source = path.read_bytes()
     except OSError as e:
