@@ -57,7 +57,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 CASES = [
     ("model missing", ["build", "{d}/missing.py", "-o", "{d}/o.pkg"], 2, "no such file"),
     ("model is a dir", ["build", "{d}/adir", "-o", "{d}/o.pkg"], 2, "directory"),
-    ("model not .py", ["build", "{d}/model.txt", "-o", "{d}/o.pkg"], 2, "not a .py file"),
+    ("model not .py", ["build", "{d}/model.txt", "-o", "{d}/o.pkg"], 2, "not a .py (or .onnx) file"),
     ("no -o", ["build", "{mlp}"], 2, "Missing option '-o'"),
     ("no model arg", ["build"], 2, "Missing argument 'MODEL'"),
     ("-o into /sys", ["build", "{mlp}", "-o", "/sys/out.pkg"], 2, "cannot create files in /sys"),
