@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import re
 import sys
 import traceback
@@ -20,6 +21,10 @@ from typing import Any
 
 import torch
 from aotc.errors import CaptureError, UsageError
+
+from .flags import check_dynamic, syntax_message
+
+log = logging.getLogger("aotc.capture")
 
 
 @dataclass
@@ -45,6 +50,8 @@ def _load_module(path: Path) -> Any:
     sys.path.insert(0, str(path.parent.resolve()))
     try:
         spec.loader.exec_module(module)
+    except SyntaxError as e:  # the user's to fix: shown with its caret, exit 2
+        raise UsageError(syntax_message(path, e)) from None
     except Exception as e:
         raise CaptureError(f"importing {path} failed: {type(e).__name__}: {e}\n{_user_frame(e, path)}") from None
     finally:
@@ -90,24 +97,40 @@ def _declared_dims(dynamic_shapes: Any, input_names: list[str]) -> dict[tuple[st
             for axis, dim in spec.items():
                 label = getattr(dim, "__name__", None)
                 if label:
-                    hi = getattr(dim, "max", None)
-                    top = int(hi) if hi is not None and getattr(hi, "is_finite", True) else None
-                    out[(name, int(axis))] = (str(label), int(getattr(dim, "min", 0)), top)
+                    out[(name, int(axis))] = (str(label), int(getattr(dim, "min", 0)), finite(getattr(dim, "max", None)))
     return out
 
 
+def finite(hi: Any) -> int | None:
+    """A Dim's max as an int, or None when unbounded (torch's ``int_oo`` claims ``is_finite`` and fails ``int()``)."""
+    if hi is None:
+        return None
+    try:
+        return int(hi)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
 def parse_dynamic(specs: tuple[str, ...], example_inputs: tuple[Any, ...], names: list[str]) -> dict[str, Any]:
-    """``--dynamic input:axis:label[:min:max]`` flags -> torch.export dynamic_shapes."""
+    """``--dynamic input:axis:label[:min:max]`` flags -> torch.export dynamic_shapes. The syntax is checked
+    before capture (``flags.check_dynamic``); what needs the model (its input names and ranks) is checked here."""
     out: dict[str, dict[int, Any]] = {}
-    for s in specs:
-        parts = s.split(":")
-        if len(parts) not in (3, 5) or not parts[1].isdigit():
-            raise UsageError(f"--dynamic {s!r}: expected INPUT:AXIS:LABEL or INPUT:AXIS:LABEL:MIN:MAX")
-        name, axis, label = parts[0], int(parts[1]), parts[2]
-        if name not in names:
-            raise UsageError(f"--dynamic {s!r}: the model has no input {name!r} (inputs: {', '.join(names)})")
-        kw = {"min": int(parts[3]), "max": int(parts[4])} if len(parts) == 5 else {}
-        out.setdefault(name, {})[axis] = torch.export.Dim(label, **kw)
+    dims: dict[str, Any] = {}
+    for s, spec in zip(specs, check_dynamic(specs), strict=True):
+        if spec.input not in names:
+            raise UsageError(f"--dynamic {s!r}: the model has no input {spec.input!r} (inputs: {', '.join(names)})")
+        x = example_inputs[names.index(spec.input)]
+        if spec.axis >= x.dim():
+            raise UsageError(f"--dynamic {s!r}: input {spec.input!r} has {x.dim()} axes {list(x.shape)}; use an axis below {x.dim()}")
+        size = int(x.shape[spec.axis])
+        if size < spec.min or (spec.max is not None and size > spec.max):
+            rng = f"[{spec.min}, {'inf' if spec.max is None else spec.max}]"
+            raise UsageError(f"--dynamic {s!r}: the example input's size {size} on axis {spec.axis} is outside {rng}; widen the range")
+        if size < 2:
+            raise UsageError(f"--dynamic {s!r}: example size {size} on axis {spec.axis}: use an example size >= 2 to keep it dynamic")
+        kw = {"min": spec.min} if spec.max is None else {"min": spec.min, "max": spec.max}
+        dim = dims.setdefault(spec.label, torch.export.Dim(spec.label, **kw))  # one label, one symbol
+        out.setdefault(spec.input, {})[spec.axis] = dim
     return out
 
 
@@ -163,6 +186,12 @@ def capture_module(
     if half is not None:  # the whole model in that type; integer inputs (token ids) stay as they are
         model = model.to(half)
         inputs = tuple(x.to(half) if x.is_floating_point() else x for x in inputs)
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False):
+        # transformers models return a KV cache object (DynamicCache) that torch.export cannot flatten, and a
+        # package returns tensors only: build the model without it, as `use_cache=False` would.
+        config.use_cache = False  # type: ignore[union-attr]
+        log.info("capture: set model.config.use_cache = False (a package does not return KV caches)")
     names = _forward_names(model, len(inputs))
     if dynamic:
         dynamic_shapes = parse_dynamic(dynamic, inputs, names)
@@ -251,7 +280,7 @@ def _keeps_declared_dims(ep: Any, declared: dict, names: list[str]) -> bool:
             return False
         vr = ep.range_constraints.get(expr)
         # AUTO dims start at 2 (torch traces 0 and 1 as general sizes, as it does for a named Dim(min=1))
-        if vr is None or int(vr.lower) > max(lo, 2) or (hi is not None and vr.upper.is_finite and int(vr.upper) < hi):
+        if vr is None or int(vr.lower) > max(lo, 2) or (hi is not None and (finite(vr.upper) or hi) < hi):
             return False
     return len(set(symbol_of.values())) == len(symbol_of)  # distinct declared dims stay distinct
 
@@ -283,6 +312,12 @@ def _explain(e: Exception, path: Path) -> str:
     where = _user_frame(e, path)
     hint = "fix: rewrite that line to avoid it, or mark the dimension dynamic with a matching range"
     detail = ""
+    if "data-dependent" in cause:
+        hint = ("fix: compute both branches and pick with torch.where(cond, a, b), or use "
+                "torch.cond(pred, true_fn, false_fn, operands); a shape must not depend on tensor values")  # fmt: skip
+    if "Cache" in text and "not a known type" in text:
+        cause = "the model returns a cache object (e.g. transformers' DynamicCache), not tensors"
+        hint = "fix: build the model with use_cache=False (model.config.use_cache = False), or return only tensors"
     if "structure of `inputs` and `dynamic_shapes`" in text:
         hint = ("fix: give dynamic_shapes one entry per forward() argument, in order (a tuple) or by name (a dict); "
                 "an argument gathered by *args takes a tuple of entries")  # fmt: skip

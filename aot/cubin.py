@@ -311,16 +311,21 @@ def cached_kernel(tk: tg.TritonKernel, sm: int, cache_dir: str | os.PathLike[str
 
 
 def compile_many(
-    tks: list[tg.TritonKernel], sm: int, cache_dir: str | os.PathLike[str], enable_fp_fusion: bool = True, workers: int | None = None
-) -> list[Compiled | str]:
+    tks: list[tg.TritonKernel], sm: int, cache_dir: str | os.PathLike[str], enable_fp_fusion: bool = True, workers: int | None = None,
+    on_done: Callable[[int, int], None] | None = None,
+) -> list[Compiled | str]:  # fmt: skip
     """``compile_kernel`` for each kernel (a CompileError's message where one fails); cache misses compile in
-    parallel processes (Triton holds the GIL while it compiles, so threads would not help)."""
+    parallel processes (Triton holds the GIL while it compiles, so threads would not help). ``on_done(n, total)``
+    hears each kernel finish (cache hits count as done at once)."""
     out: list[Compiled | str | None] = [cached_kernel(tk, sm, cache_dir, enable_fp_fusion) for tk in tks]
     misses = [i for i, c in enumerate(out) if c is None]
+    tell = on_done or (lambda n, total: None)
+    tell(len(tks) - len(misses), len(tks))
     workers = max(1, min(workers or os.cpu_count() or 1, len(misses)))
     if workers == 1:
-        for i in misses:
+        for n, i in enumerate(misses, 1):
             out[i] = _compile_or_message(tks[i], sm, str(cache_dir), enable_fp_fusion)
+            tell(len(tks) - len(misses) + n, len(tks))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -328,8 +333,9 @@ def compile_many(
         ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold a CUDA context
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             futs = {i: pool.submit(_compile_or_message, tks[i], sm, str(cache_dir), enable_fp_fusion) for i in misses}
-            for i, f in futs.items():
+            for n, (i, f) in enumerate(futs.items(), 1):
                 out[i] = f.result()
+                tell(len(tks) - len(misses) + n, len(tks))
     return [c if c is not None else "not compiled" for c in out]
 
 
@@ -379,7 +385,7 @@ Tuner = Callable[[K.Plan, int, BuildOptions, Any, bool], dict[str, Any]]
 
 def build_cuda_target(
     prog: K.Plan, target: Target, options: BuildOptions, cache_dir: str | os.PathLike[str] | None,
-    tuner: Tuner | None = None,
+    tuner: Tuner | None = None, on_done: Callable[[int, int], None] | None = None,
 ) -> tuple[schema.CudaTarget, dict[str, bytes]]:  # fmt: skip
     """Every kernel of ``prog`` as a cubin for ``target`` (``cuda:sm_NN``): the manifest's CUDA target and
     the package members it names (``cuda/sm_NN/<kernel>.cubin`` and the Triton source beside it). Pointer
@@ -416,7 +422,7 @@ def build_cuda_target(
         tk = tg.generate(prog, _renamed(k, name), options, sm, index_i64, tuned.get(k.name))
         generated.append((name, tk, tk.source.replace(f"def {name}(", "def __kernel__(", 1)))
     firsts = {body: tk for _, tk, body in reversed(generated)}  # each body's first kernel compiles it
-    done = dict(zip(firsts, compile_many(list(firsts.values()), sm, cache_dir, options.cuda_fp_fusion), strict=True))
+    done = dict(zip(firsts, compile_many(list(firsts.values()), sm, cache_dir, options.cuda_fp_fusion, on_done=on_done), strict=True))
     for name, tk, body in generated:
         kinds = [sig_kind(p.sig) for p in tk.params]
         pk = by_body.get(body)

@@ -21,14 +21,14 @@ from typing import Any, TypeVar
 import click
 import numpy as np
 
-from . import __version__
+from . import __version__, inspect_view
+from .cli_group import Group
 from .errors import EXIT_CODES, AotcError, InputMismatch, PackageCorrupt, UsageError, VerifyFailed
 from .model import Model, load
 from .package import Package
-from .schema import ITEMSIZE, CpuTarget, to_dict
+from .schema import FORMAT_VERSION, to_dict
 
 F = TypeVar("F", bound=Callable[..., Any])
-_BUILD_DEPS = {"aotc_build", "torch", "triton", "sympy", "safetensors", "jinja2", "onnx"}
 
 _EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code}  {name}" for name, code in sorted(EXIT_CODES.items(), key=lambda kv: kv[1]))
 
@@ -49,8 +49,8 @@ def _device_option(f: F) -> F:
     return click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")(f)
 
 
-@click.group(epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="aotc")
+@click.group(cls=Group, epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="aotc", message=f"%(prog)s %(version)s (package format version {FORMAT_VERSION})")
 def cli() -> None:
     """Ahead-of-time compiled PyTorch models: build a package once, run it without torch."""
 
@@ -75,6 +75,9 @@ def cli() -> None:
 )
 @click.option("--no-selftest", is_flag=True, help="Do not store example inputs and eager outputs.")
 @click.option("--tune", is_flag=True, help="Benchmark matmul/conv tile configs on this machine's GPU (cached).")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the result line (progress is shown on a terminal only).")
+@click.option("-v", "--verbose", is_flag=True, help="Show torch's warnings and messages and the fusion log.")
+@click.option("--keep-sources", type=click.Path(path_type=Path), default=None, help="Write the generated C++ and Triton here.")
 def build(
     *,
     model: Path,
@@ -86,29 +89,21 @@ def build(
     precision: str,
     no_selftest: bool,
     tune: bool,
+    quiet: bool,
+    verbose: bool,
+    keep_sources: Path | None,
 ) -> None:
     """Build MODEL (a model.py, or an ONNX file) into a package (needs the builder: pip install 'aotc[build]')."""
     with _errors():
-        if not model.is_file():
-            raise UsageError(f"{model} does not exist")
-        try:
-            from aotc_build.build import build as run_build
-            from aotc_build.options import BuildOptions, parse_target
-        except ImportError as e:
-            # Only a missing builder or build dependency is the user's to fix; anything else is a bug.
-            if (e.name or "").split(".")[0] not in _BUILD_DEPS and e.name != "aotc_build.build":
-                raise
-            raise UsageError(f"`aotc build` needs the builder and torch ({e}): pip install 'aotc[build]'") from None
-        kwargs: dict[str, Any] = {"precision": precision, "dynamic": dynamic, "selftest": not no_selftest, "tune": tune}
-        names = [t for group in targets for t in group.split(",") if t.strip()]
-        if names:
-            kwargs["targets"] = tuple(parse_target(t) for t in names)
+        from aotc_build.cli_build import BuildRequest
+        from aotc_build.cli_build import run as run_build
+
         cache = os.environ.get("AOTC_CACHE_DIR")  # the one place the environment is read
-        report = run_build(model, out, BuildOptions(**kwargs), entry, inputs_entry, Path(cache) if cache else None)
-        summary = f" ({report.kernels} kernels; targets {', '.join(report.targets)})" if report is not None else ""
-        click.echo(f"wrote {out}{summary}")
-        if report is not None and report.seconds:
-            click.echo(f"  in {report.timing()}")
+        req = BuildRequest(
+            model, out, targets, entry, inputs_entry, dynamic, precision, not no_selftest, tune, quiet, verbose, keep_sources,
+            Path(cache) if cache else None,
+        )  # fmt: skip
+        run_build(req, click.echo)
 
 
 def _read_npy(name: str, file: str) -> np.ndarray:
@@ -255,53 +250,28 @@ def inspect(package: Path, as_json: bool) -> None:
         if as_json:
             click.echo(
                 json.dumps(
-                    {"manifest": to_dict(m), "member_status": status, "size": pkg.size},
+                    {"manifest": to_dict(m), "member_status": status, "size": pkg.size, "summary": inspect_view.summary(pkg)},
                     indent=1,
                     sort_keys=True,
                 )
             )
         else:
-            _print_inspect(pkg, status)
+            for line in inspect_view.lines(pkg, status):
+                click.echo(line)
         bad = [n for n, s in status.items() if s != "ok"]
         if bad:
             raise PackageCorrupt(f"{package}: sha256 mismatch in {', '.join(bad)}; copy it again or rebuild it")
 
 
-def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
-    m = pkg.manifest
-    echo = click.echo
-    echo(f"package   {pkg.path} ({pkg.size:,} bytes)")
-    echo(f"format    aotc format version {m.format_version}")
-    echo(f"model     {m.model.name} (source sha256 {m.model.source_sha256[:16]}…, front end {m.model.frontend})")
-    echo("build     " + ", ".join(f"{k} {v}" for k, v in m.build.items()))
-    for s in m.symbols:
-        echo(f"symbol    {s.label} ({s.name}) in [{s.min}, {'inf' if s.max is None else s.max}]")
-    for t in m.inputs:
-        echo(f"input     {t.name}: {m.describe(t)}")
-    for t in m.outputs:
-        echo(f"output    {t.name}: {m.describe(t)}")
-    for tg in m.targets:
-        if isinstance(tg, CpuTarget):
-            echo(
-                f"target    cpu:{tg.level}  {tg.library}, {len(tg.kernels)} kernels, "
-                f"arena {m.pretty(tg.arena_bytes)} bytes, abi {tg.abi_version}, {tg.compiler}"
-                + (f", glibc >= {tg.min_glibc}" if tg.min_glibc else "")
-                + (f", {len(tg.packed.tensors)} packed weights in {tg.packed.member}" if tg.packed else "")
-            )
-        else:
-            echo(
-                f"target    cuda:{tg.arch}  {len(tg.kernels)} kernels, {len(tg.launches)} launches, "
-                f"arena {m.pretty(tg.arena_bytes)} bytes, {tg.precision}, triton {tg.triton_version}, "
-                f"ptxas {tg.ptxas_version}, driver >= {tg.min_driver // 1000}.{tg.min_driver % 1000 // 10}"
-            )
-            for k in tg.kernels:
-                echo(f"  kernel  {k.name}  {k.member}, {k.num_warps} warps, {k.shared:,} bytes shared")
-    nbytes = sum(math.prod(int(d) for d in t.shape) * ITEMSIZE[t.dtype] for t in m.weights.tensors)
-    echo(f"weights   {len(m.weights.tensors)} tensors, {nbytes:,} bytes in {m.weights.member}")
-    st = m.selftest
-    echo("selftest  " + ("none" if st is None else f"{st.member} (rtol={st.rtol:g}, atol={st.atol:g})"))
-    for name, mem in m.members.items():
-        echo(f"member    {status[name]:8} {name}  {mem.size:,} bytes  sha256 {mem.sha256[:16]}…")
+def _more_commands() -> None:
+    from .bench import bench
+    from .doctor import doctor
+
+    cli.add_command(bench)
+    cli.add_command(doctor)
+
+
+_more_commands()
 
 
 def main() -> None:

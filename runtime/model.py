@@ -277,6 +277,21 @@ class Model:
             out.append(tuple(evaluate(d, env) for d in spec.shape))
         return out
 
+    def _check_indices(self, feeds: Mapping[str, Any]) -> None:
+        """Token ids and other table indices in range, where they are on the host (a device array is not
+        copied back to check: the kernels clamp those)."""
+        for r in self.manifest.index_ranges:
+            v = feeds.get(r.input)
+            if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "iu":
+                lo, hi = int(v.min()), int(v.max())
+                if lo < 0 or hi >= r.size:
+                    bad = lo if lo < 0 else hi
+                    at = [int(i) for i in np.unravel_index(int(np.argmax(v == bad)), v.shape)]
+                    raise InputMismatch(
+                        f"input {r.input!r}: value {bad} at {at} is outside "
+                        f"[0, {r.size}), the rows of the {r.table}; token ids must be below the vocabulary size {r.size}"
+                    )
+
     # -- running --
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -287,6 +302,7 @@ class Model:
                 f"model.run({{{', '.join(f'{s.name!r}: ...' for s in self.inputs)}}}), or call model(...) with positional inputs"
             )
         self._check_names(feeds)
+        self._check_indices(feeds)
         arrays, shapes = [], []
         for spec in self.inputs:
             arr, shape, dtype = self.executor.accept(feeds[spec.name], spec)

@@ -278,6 +278,17 @@ class Member:
 
 
 @dataclass(frozen=True)
+class IndexRange:
+    """An integer input whose values index a table (an embedding's rows): each value must be in [0, size).
+    The runtime checks host arrays before the call, so an out-of-range token id is an InputMismatch naming
+    the input and the size, not a kernel reading row 0 (or past the end)."""
+
+    input: str
+    size: int
+    table: str  # what is indexed, for the message: "embedding weight 'wte.weight'"
+
+
+@dataclass(frozen=True)
 class SelfTest:
     """Example inputs and eager outputs, by key in a safetensors member, with the comparison tolerances."""
 
@@ -300,6 +311,7 @@ class Manifest:
     members: Mapping[str, Member] = field(default_factory=dict)
     selftest: SelfTest | None = None
     format_version: int = FORMAT_VERSION
+    index_ranges: tuple[IndexRange, ...] = ()
 
     @property
     def cpu_targets(self) -> tuple[CpuTarget, ...]:
@@ -488,6 +500,10 @@ def validate(m: Manifest) -> None:
     _unique((s.name for s in m.symbols), "symbols")
     declared = {s.name for s in m.symbols}
     _unique((t.name for t in m.inputs), "inputs")
+    for i, r in enumerate(m.index_ranges):
+        spec = next((t for t in m.inputs if t.name == r.input), None)
+        if spec is None or not spec.dtype.startswith(("int", "uint")) or r.size < 1:
+            raise _bad(f"index_ranges[{i}]", f"{r.input!r} is not an integer input, or size {r.size} < 1")
     _unique((t.name for t in m.outputs), "outputs")
     _unique((t.name for t in m.weights.tensors), "weights.tensors")
     groups = [("inputs", m.inputs), ("outputs", m.outputs), ("weights.tensors", m.weights.tensors)]

@@ -109,7 +109,8 @@ def test_inspect_shows_cuda_kernels(make_package) -> None:
     r = invoke("inspect", make_package("cuda.pkg", edit=_with_cuda))
     assert r.exit_code == 0, r.output
     assert "target    cuda:sm_90  1 kernels, 1 launches" in r.stdout and "driver >= 12.8" in r.stdout
-    assert "  kernel  affine_k  cuda/sm_90/affine_k.cubin, 4 warps, 1,024 bytes shared" in r.stdout
+    row = next(ln for ln in r.stdout.splitlines() if ln.split()[:2] == ["affine_k", "cuda:sm_90"])
+    assert "4 B" in row and "grid (batch, 1, 1), block 128, shared 1,024 B" in row, row
     assert "member    ok       cuda/sm_90/affine_k.cubin" in r.stdout
 
 
@@ -131,10 +132,10 @@ def test_inspect(make_package) -> None:
     for line in (
         f"format    aotc format version {FORMAT_VERSION}",
         "model     affine",
-        "symbol    batch (s0) in [1, 64]",
+        "dimension batch in [1, 64]",
         "input     x: float32[batch, 4]",
         "output    relu: float32[batch, 3]",
-        "target    cpu:x86-64-v2  cpu/x86-64-v2/model.so, 1 kernels, arena batch*12 bytes",
+        "target    cpu:x86-64-v2  1 kernels in cpu/x86-64-v2/model.so, arena 12 B (batch=1) to 768 B (batch=64)",
         "weights   2 tensors, 60 bytes in weights.safetensors",
         "member    ok       weights.safetensors",
     ):
@@ -160,7 +161,7 @@ def test_build_passes_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     model.write_text("")
     seen = {}
 
-    def fake_build(model_path, out_path, options, entry, inputs_entry, cache_dir=None, *rest):
+    def fake_build(model_path, out_path, options, entry, inputs_entry, cache_dir=None, *rest, **kw):
         seen.update(model=model_path, out=out_path, options=options, entry=entry, inputs_entry=inputs_entry, cache=cache_dir)
 
     monkeypatch.setitem(sys.modules, "aotc_build.build", types.SimpleNamespace(build=fake_build))

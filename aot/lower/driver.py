@@ -19,7 +19,7 @@ import torch
 from aotc.errors import UnsupportedOp
 
 from ..builder import Builder
-from ..capture import Captured
+from ..capture import Captured, finite
 from ..ir import DType, Graph, InputAttr, Node, Op, Symbol, WeightAttr
 
 # The rule modules register into TABLE with @lower as they are imported: importing them here, once, at the
@@ -111,7 +111,7 @@ def _symbols(cap: Captured, inputs: list[Node]) -> list[Symbol]:
                 vr = ranges.get(d)
                 lo = int(vr.lower) if vr is not None else 0
                 hi_raw = vr.upper if vr is not None else None
-                hi = int(hi_raw) if hi_raw is not None and hi_raw.is_finite else None
+                hi = finite(hi_raw)  # torch's int_oo says is_finite and fails int()
                 # the user's declared range wins: an export retried with Dim.AUTO reports min 2 for min=1 dims
                 label, declared_lo, declared_hi = cap.dims.get((node.attr.name, axis), (f"{node.attr.name}.shape[{axis}]", lo, hi))
                 lo, hi = declared_lo, hi if declared_hi is None else declared_hi
@@ -138,11 +138,21 @@ def _check_supported(gm: torch.fx.GraphModule) -> None:
             missing[name] += 1
             first.setdefault(name, source_line(n))
     if missing:
-        lines = [f"  {op} (x{k}), first at {first[op] or 'an unknown source line'}" for op, k in sorted(missing.items())]
+        where = {op: first[op] or "an unknown source line" for op in missing}
+        lines = [f"  {_USER_NAME.get(op, op)} (x{k}), first at {where[op]}" for op, k in sorted(missing.items())]
+        hints = [f"\n  fix: {_HINTS[op]}" for op in sorted(missing) if op in _HINTS]
         raise UnsupportedOp(
-            "the model uses ops aotc cannot lower yet:\n" + "\n".join(lines)
+            "the model uses ops aotc cannot lower yet:\n" + "\n".join(lines) + "".join(hints)
             + "\n  fix: rewrite those lines with supported ops (see docs/ops.md), or file an issue naming the op"
         )  # fmt: skip
+
+
+# aten ops that users never wrote by that name: say what they wrote, and what to write instead
+_USER_NAME = {"aten._local_scalar_dense.default": ".item() (aten._local_scalar_dense)"}
+_HINTS = {
+    "aten._local_scalar_dense.default": "keep the value a tensor (e.g. `x * x.max()` rather than `x * x.max().item()`): "
+    "a package cannot turn a tensor into a Python number mid-graph",
+}
 
 
 def source_line(fx: torch.fx.Node) -> str | None:

@@ -1,0 +1,60 @@
+"""The ``aotc`` click group: a bad flag is one line and exit 2, like every other refusal.
+
+What it is: a ``click.Group`` whose ``main`` prints click's usage errors (unknown option, missing argument,
+bad choice) as ``aotc CMD: error: ... (see aotc CMD -h)`` instead of click's three-line block, so that
+scripts and users see one line for every refusal. Also ``refusals()`` and ``device_option``, shared by
+the commands that live in their own modules (bench, doctor). What it is not: the commands.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from .errors import AotcError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NO_ARGS: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+class Group(click.Group):
+    def main(
+        self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None, standalone_mode: bool = True, **extra: Any
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS as e:  # `aotc` or `aotc build` alone: the help
+            click.echo(e.ctx.get_help() if e.ctx else "", err=False)
+            sys.exit(0)
+        except click.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx else "aotc"
+            click.echo(f"{cmd}: error: {e.format_message()} (see {cmd} -h)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"aotc: error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("aotc: aborted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@contextmanager
+def refusals() -> Iterator[None]:
+    """Every ``AotcError`` as one line on stderr and its class's exit code (``aotc.errors``)."""
+    try:
+        yield
+    except AotcError as e:
+        click.echo(f"aotc: {type(e).__name__}: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+def device_option(f: F) -> F:
+    return click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")(f)

@@ -1,0 +1,110 @@
+"""The README's and docs/'s commands and code still work.
+
+Every ``aotc ...`` line in the README and docs/*.md must parse against the real CLI (its command and
+flags exist, values of the right kind). The ``$ aotc ...`` lines of docs/*.md then run, in order, in a
+folder holding ``mlp.pkg`` built once from examples/mlp.py, and must exit 0 (or the code a trailing
+``# exit N`` names); ``aotc build`` lines only parse (the one build here proves building). Python blocks
+of docs/ run there too; the README's compile (they name packages this test does not build)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import click
+import numpy as np
+import pytest
+from aotc.cli import cli
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", *DOCS]
+_EXIT = re.compile(r"\s+#\s*exit\s+(\d+)\s*$")
+
+
+def _blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def commands(page: Path) -> list[tuple[str, int]]:
+    """``aotc`` command lines with the exit code they document: ``$ `` lines of console blocks, and in the
+    README also the indented lines that start with ``aotc``."""
+    text = page.read_text()
+    lines = [ln[2:] for block in _blocks(text, "console") for ln in block.splitlines() if ln.startswith("$ ")]
+    if page.name == "README.md" and page.parent == ROOT:
+        lines += [ln.strip() for ln in text.splitlines() if ln.startswith("    aotc ")]
+    out = []
+    for line in lines:
+        m = _EXIT.search(line)
+        cmd = re.sub(r"\s+#.*$", "", _EXIT.sub("", line))
+        if cmd.startswith("aotc "):
+            out.append((cmd, int(m.group(1)) if m else 0))
+    return out
+
+
+ALL = [(page.relative_to(ROOT).as_posix(), cmd) for page in PAGES for cmd, _ in commands(page)]
+
+
+def test_every_page_has_commands() -> None:
+    for page in DOCS:
+        if page.name not in ("ops.md", "README.md"):
+            assert commands(page), page
+
+
+@pytest.mark.parametrize(("page", "cmd"), ALL, ids=[f"{p}: {c}" for p, c in ALL])
+def test_command_parses(page: str, cmd: str) -> None:
+    args = shlex.split(cmd)[1:]
+    if args[0].startswith("-"):  # aotc --version / --help
+        assert CliRunner().invoke(cli, args).exit_code == 0
+        return
+    sub = cli.get_command(click.Context(cli), args[0])
+    assert sub is not None, f"{page}: no command {args[0]!r}"
+    sub.make_context(args[0], args[1:])  # raises on an unknown flag or a bad value
+
+
+def test_python_blocks_compile() -> None:
+    for page in PAGES:
+        for i, block in enumerate(_blocks(page.read_text(), "python")):
+            compile(block, f"{page.name}[python {i}]", "exec")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory, aotc_cache: Path) -> Path:
+    d = tmp_path_factory.mktemp("docs")
+    (d / "examples").symlink_to(ROOT / "examples")
+    np.save(d / "x.npy", np.random.default_rng(0).standard_normal((4, 256), dtype=np.float32))
+    np.save(d / "wrong.npy", np.zeros((4, 100), np.float32))
+    old, env = Path.cwd(), os.environ.get("AOTC_CACHE_DIR")
+    os.chdir(d)
+    os.environ["AOTC_CACHE_DIR"] = str(aotc_cache)
+    try:
+        r = CliRunner().invoke(cli, ["build", "examples/mlp.py", "-o", "mlp.pkg", "--quiet"])
+        assert r.exit_code == 0, r.output
+    finally:
+        os.chdir(old)
+        if env is None:
+            os.environ.pop("AOTC_CACHE_DIR", None)
+        else:
+            os.environ["AOTC_CACHE_DIR"] = env
+    return d
+
+
+RUNNABLE = [(p.name, cmd, code) for p in DOCS for cmd, code in commands(p) if not cmd.startswith("aotc build")]
+
+
+@pytest.mark.parametrize(("page", "cmd", "code"), RUNNABLE, ids=[f"{p}: {c}" for p, c, _ in RUNNABLE])
+def test_docs_command_runs(workdir: Path, monkeypatch: pytest.MonkeyPatch, page: str, cmd: str, code: int) -> None:
+    monkeypatch.chdir(workdir)
+    r = CliRunner().invoke(cli, shlex.split(cmd)[1:])
+    assert r.exit_code == code, f"{page}: {cmd}\n{r.output}"
+    assert "Traceback" not in r.output
+
+
+def test_docs_python_blocks_run(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    for page in DOCS:
+        for block in _blocks(page.read_text(), "python"):
+            exec(compile(block, page.name, "exec"), {})
