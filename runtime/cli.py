@@ -25,6 +25,7 @@ from .errors import EXIT_CODES, AotcError, InputMismatch, PackageCorrupt, UsageE
 from .model import Model, load
 from .package import Package
 from .schema import ITEMSIZE, CpuTarget, to_dict
+from .serve.cli import serve as serve_command
 
 F = TypeVar("F", bound=Callable[..., Any])
 _BUILD_DEPS = {"aotc_build", "torch", "triton", "sympy", "safetensors", "jinja2", "onnx"}
@@ -238,6 +239,9 @@ def _print_inspect(pkg: Package, status: dict[str, str]) -> None:
     echo("selftest  " + ("none" if st is None else f"{st.member} (rtol={st.rtol:g}, atol={st.atol:g})"))
     for name, mem in m.members.items():
         echo(f"member    {status[name]:8} {name}  {mem.size:,} bytes  sha256 {mem.sha256[:16]}…")
+
+
+cli.add_command(serve_command)  # aotc.serve imports its server libraries only when the command runs
 
 
 def main() -> None:
