@@ -295,3 +295,14 @@ def test_triton_python_backend(packages: dict[str, Path], models: dict[str, aotc
         assert not r.has_error()
         assert np.array_equal(pb.get_output_tensor_by_name(r, "output0").as_numpy(), models["mlp"](x))
     backend.finalize()
+
+
+def test_serve_refuses_bad_arguments(packages: dict[str, Path], tmp_path: Path) -> None:
+    """A package that cannot load exits with its error class's code before listening; two names clash: usage."""
+    bad = tmp_path / "bad.pkg"
+    bad.write_bytes(b"not a package")
+    r = subprocess.run([*SERVE, str(bad), "--http-port", "0", "--grpc-port", "0"], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == aotc.PackageCorrupt.exit_code and "PackageCorrupt" in r.stderr, r.stderr
+    pkg = str(packages["mlp"])
+    r = subprocess.run([*SERVE, pkg, f"mlp={pkg}"], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "two packages are named 'mlp'" in r.stderr, r.stderr

@@ -109,7 +109,7 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             self.service.rejected(name, "grpc", e)
             await context.abort(GRPC_STATUS[e.status], str(e))
         try:
-            _, outs = await self.service.infer(name, request.model_version, req, "grpc")
+            outs = await self.service.infer(name, request.model_version, req, "grpc")
         except ProtocolError as e:
             await context.abort(GRPC_STATUS[e.status], str(e))
         return encode(name, req, outs)

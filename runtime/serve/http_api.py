@@ -85,7 +85,7 @@ def make_app(service: Service) -> web.Application:
             service.rejected(name, "http", e)
             return _error(e)
         try:
-            _, outs = await service.infer(name, ver, req, "http")
+            outs = await service.infer(name, ver, req, "http")
             body, head = encode_http(name, "1", req, outs)
         except ProtocolError as e:
             return _error(e)

@@ -45,8 +45,7 @@ class Replica:
     async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """For deployment handles: outputs by name, or ProtocolError."""
         self._start()
-        _, outs = await self.service.infer(model, "", Request("", inputs), "ray")
-        return outs
+        return await self.service.infer(model, "", Request("", inputs), "ray")
 
     async def __call__(self, request: Any) -> Any:
         """The v2 HTTP routes, from a starlette Request (what Ray Serve's proxy hands a deployment)."""
@@ -76,7 +75,7 @@ class Replica:
                 if len(body) > limit:
                     raise ProtocolError(f"request body of {len(body)} bytes is over the limit of {limit} bytes", "too_large")
                 req = decode_http(body, int(head) if head is not None and head.isdigit() else None)
-                _, outs = await self.service.infer(name, version, req, "ray")
+                outs = await self.service.infer(name, version, req, "ray")
                 payload, n = encode_http(name, "1", req, outs)
                 if n is None:
                     return Response(payload, media_type="application/json")

@@ -40,7 +40,7 @@ def parse_packages(specs: Sequence[str]) -> dict[str, Path]:
 
 def _listen(host: str, port: int) -> socket.socket:
     try:
-        sock = socket.create_server((host, port), reuse_port=False)
+        sock = socket.create_server((host, port))
     except OSError as e:
         raise UsageError(f"cannot listen on {host}:{port} ({e}): pick another port") from None
     sock.setblocking(False)

@@ -169,7 +169,7 @@ class Service:
             e.shapes_ok.add(shapes)
         return feeds
 
-    async def infer(self, name: str, version: str, req: Request, protocol: str) -> tuple[Entry, dict[str, np.ndarray]]:
+    async def infer(self, name: str, version: str, req: Request, protocol: str) -> dict[str, np.ndarray]:
         """Run one request; raises ProtocolError (counted, logged) for anything the client gets as an error."""
         start = time.perf_counter()
         label = name if name in self.entries else UNKNOWN
@@ -199,7 +199,7 @@ class Service:
         self.metrics.latency.labels(label, protocol).observe(seconds)
         if self.options.access_log:
             self.log.info("infer", extra={"model": name, "protocol": protocol, "id": req.id, "status": "ok", "ms": round(seconds * 1e3, 3)})
-        return e, outs
+        return outs
 
     def rejected(self, name: str, protocol: str, err: ProtocolError) -> None:
         """Count a request that failed before ``infer`` (undecodable, over the size limit)."""
