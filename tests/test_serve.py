@@ -176,6 +176,9 @@ def test_malformed_requests_get_protocol_errors(server, models: dict[str, aotc.M
     for body, length, words in raw:
         status, doc = _post(url, body, {"Inference-Header-Content-Length": length} if length else None)
         assert status == 400 and words in doc["error"], (status, doc)
+    floats = b'{"inputs": [{"name": "tokens", "datatype": "INT64", "shape": [1, 2], "data": [1.5, 2]}]}'  # never truncated
+    status, doc = _post(f"http://{server.http}/v2/models/transformer/infer", floats)
+    assert status == 400 and "not a list of INT64 values" in doc["error"], (status, doc)
     assert server.proc.poll() is None
     tokens = np.ones((1, 64), np.int64)
     assert np.array_equal(_infer(h, httpclient, "transformer", tokens), models["transformer"](tokens))

@@ -93,9 +93,13 @@ def from_list(name: str, datatype: str, shape: Sequence[int], data: Any) -> np.n
     """A tensor from JSON ``data`` (flat or nested, row-major) or from gRPC typed contents."""
     dt = numpy_dtype(datatype)
     try:
+        given = np.asarray(data)
+        # Values must already be of the datatype's kind: 1.5 for an INT64 input is refused, not truncated.
+        if given.size and (dt.kind in "iu" and given.dtype.kind not in "iu" or dt.kind == "b" and given.dtype.kind != "b"):
+            raise ValueError(f"got {given.dtype.name} values")
         arr = np.asarray(data, dtype=np.float32 if dt.name == "bfloat16" else dt)
     except (TypeError, ValueError, OverflowError) as e:
-        raise ProtocolError(f"input {name!r}: data is not a list of {datatype} values: {e}") from None
+        raise ProtocolError(f"input {name!r}: data is not a list of {datatype} values ({e})") from None
     if arr.size != math.prod(shape):
         raise ProtocolError(f"input {name!r}: {arr.size} values for shape {list(shape)} ({math.prod(shape)} values)")
     return arr.astype(dt, copy=False).reshape(shape)

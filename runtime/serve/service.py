@@ -192,6 +192,11 @@ class Service:
             perr = ProtocolError(f"{type(err).__name__}: {err}", INTERNAL)
             self._failed(label, protocol, req.id, perr, start)
             raise perr from None
+        except Exception as err:  # a bug: the client still gets the protocol's error, the log gets the traceback
+            self.log.exception("internal error", extra={"model": label, "protocol": protocol, "id": req.id})
+            perr = ProtocolError(f"internal error: {type(err).__name__}: {err}", INTERNAL)
+            self._failed(label, protocol, req.id, perr, start)
+            raise perr from None
         finally:
             self.inflight -= 1
             gauge.dec()
