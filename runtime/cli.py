@@ -27,6 +27,7 @@ from .errors import EXIT_CODES, AotcError, InputMismatch, PackageCorrupt, UsageE
 from .model import Model, load
 from .package import Package
 from .schema import FORMAT_VERSION, to_dict
+from .serve.cli import serve as serve_command
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -272,6 +273,9 @@ def _more_commands() -> None:
 
 
 _more_commands()
+
+
+cli.add_command(serve_command)  # aotc.serve imports its server libraries only when the command runs
 
 
 def main() -> None:
