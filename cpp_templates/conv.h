@@ -386,10 +386,14 @@ void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, 
   const int64_t tasks = s.N * s.OH * cblocks;
   const double work = (double)s.N * (double)s.OH * (double)s.OW * (double)C * (double)(s.KH * s.KW);
   const int64_t by_work = (int64_t)(work / AOTC_CONV_DW_ELEMS_PER_THREAD);
-  const int nthreads = aotc_pool_inside ? 1 : (int)aotc_mm_min(aotc_mm_min(aotc_pool_threads(), tasks), by_work > 1 ? by_work : 1);
+  const bool nested = aotc_pool_inside || omp_in_parallel();
+  const int nthreads = nested ? 1 : (int)aotc_mm_min(aotc_mm_min(aotc_pool_threads(), tasks), by_work > 1 ? by_work : 1);
   const int64_t per = aotc_roundup(s.OW * CB, 64 / (int64_t)sizeof(T));  // a tile per thread
-  T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
-  if (ws_all == NULL) throw std::bad_alloc();
+  // the library's kept workspace (matmul.h) unless nested in a caller's parallel loop: no per-call allocation
+  const size_t bytes = (size_t)(per * nthreads) * sizeof(T);
+  T* own = nested ? static_cast<T*>(aligned_alloc(64, bytes)) : NULL;
+  if (nested && own == NULL) throw std::bad_alloc();
+  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
     T* tile = ws_all + (int64_t)slot * per;
     const int64_t n = task / (s.OH * cblocks), oh = task / cblocks % s.OH, c0 = task % cblocks * CB;
@@ -401,7 +405,7 @@ void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, 
       aotc_conv_dw_row<T, 0>(s, xn, xs.s2, xs.s3, w, oh, c0, cb, tile, CB);
     epi(n, oh * s.OW, s.OW, c0, cb, (const T*)tile, CB);
   });
-  free(ws_all);
+  free(own);
 }
 
 #ifdef AOTC_SELFTEST_CONV

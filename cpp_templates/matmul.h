@@ -324,7 +324,10 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   static_assert(AOTC_MM_MB % MR == 0 && AOTC_MM_NB % NR == 0, "tile sizes must be multiples of MR, NR");
   if (batch <= 0 || M <= 0 || N <= 0) return;
   const int64_t KC = AOTC_MM_KC;
-  const double flops = 2.0 * (double)batch * (double)M * (double)N * (double)(K > 0 ? K : 1);
+  // Work in flops, plus the weight stream: few rows (a GEMV, MobileNet's classifier at batch 1) read every
+  // byte of B for two flops each, memory-bound, so a byte counts as ~10 flops of one core's time.
+  const double flops = 2.0 * (double)batch * (double)M * (double)N * (double)(K > 0 ? K : 1) +
+                       (BSrc::packs ? 0.0 : 10.0 * (double)N * (double)K * sizeof(T));
   const int64_t most = aotc_pool_threads();
   // Tiles: rows up to MB, then columns up to NB, narrowed (in whole panels) until there are a few tasks
   // per thread that the work can pay for.
