@@ -54,10 +54,11 @@ class Fusion(Buffers):
         if libs:
             lib = libs[0]
             if len(libs) > 1:
-                raise Realize(libs[1], "one matmul/conv per kernel")
+                raise Realize(self._epilogue_head(libs[1], n), "one matmul/conv per kernel")
             if lib.op is Op.ATTENTION:
                 return library.attention(self, n, lib, name)
-            if not (len(lib.shape) == len(n.shape) and all(dims_equal(a, b) for a, b in zip(lib.shape, n.shape, strict=True))):
+            same = len(lib.shape) == len(n.shape) and all(dims_equal(a, b) for a, b in zip(lib.shape, n.shape, strict=True))
+            if not same and not library.rows_reshaped(lib, n):
                 raise Realize(lib, "its epilogue has another shape")
             template = library.matmul if lib.op is Op.MATMUL else library.conv
             return template(self, n, lib, name)
@@ -68,6 +69,22 @@ class Fusion(Buffers):
         b = ValueBuilder(self, n, dict(zip(vars_, ranges, strict=True)))
         store = K.Store(self.realized[n], self.store_index(n, idx), b.value(n, idx))
         return K.Pointwise(name, tuple(sympy.sympify(d) for d in ranges), (store,)), b.region
+
+    def _epilogue_head(self, lib: Node, root: Node) -> Node:
+        """The last node of ``lib``'s single-use elementwise chain below ``root`` (its bias, a residual add):
+        realized there, the chain stays in lib's epilogue instead of becoming a pointwise kernel of its own
+        (an operand of the chain that other kernels read too gets realized in turn)."""
+        node = lib
+        while len(self.users.get(node, ())) == 1:
+            user = self.users[node][0]
+            if user is root or user in self.realized or user.op not in Family.ELEMENTWISE or not dims_equal_all(user, lib):
+                break
+            # an operand computed for this chain alone (the other conv of a ResNet block's skip) would bring
+            # a second template into the kernel: stop before it
+            if any(i is not node and not self.duplicable(i) and len(self.users.get(i, ())) < 2 for i in user.inputs):
+                break
+            node = user
+        return node
 
     def _region_kinds(self, root: Node) -> tuple[list[Node], list[Node]]:
         libs, reds, seen = [], [], set()
@@ -122,6 +139,10 @@ class Fusion(Buffers):
             built = {k: v for k, v in built.items() if n not in v[1]}
         order = self.roots()
         return [(root, built[root][0]) for root in order]
+
+
+def dims_equal_all(a: Node, b: Node) -> bool:
+    return len(a.shape) == len(b.shape) and all(dims_equal(x, y) for x, y in zip(a.shape, b.shape, strict=True))
 
 
 def _own_outputs(g: Graph) -> Graph:

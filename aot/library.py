@@ -11,7 +11,7 @@ import sympy
 
 from . import kernel as K
 from .buffers import Buffers, View
-from .indexing import flat_index
+from .indexing import flat_index, reshape_index
 from .ir import AttentionAttr, ConvAttr, DType, Family, Node, Op, PermuteAttr, dims_equal
 from .values import Realize, ValueBuilder
 
@@ -34,10 +34,22 @@ def operands(f: Buffers, lib: Node) -> list[View]:
     return ops
 
 
+def rows_reshaped(lib: Node, root: Node) -> bool:
+    """``root`` has a matmul's shape but for its rows, reshaped: nn.Linear over [B, L, K] is a [B * L, N]
+    matmul whose bias and activation apply to [B, L, N]; the epilogue then runs over the matmul's rows."""
+    if lib.op is not Op.MATMUL or len(lib.shape) != 2 or len(root.shape) < 2 or not dims_equal(lib.shape[-1], root.shape[-1]):
+        return False
+    rows = sympy.Mul(*(sympy.sympify(d) for d in root.shape[:-1]))
+    return sympy.expand(rows - sympy.sympify(lib.shape[0])) == 0
+
+
 def _epilogue(f: Buffers, root: Node, lib: Node, vars_: tuple[sympy.Symbol, ...]) -> tuple[K.Store, set[Node]]:
-    """The store of ``root`` over ``lib``'s output space, reading lib's result as the accumulator."""
-    b = ValueBuilder(f, root, dict(zip(vars_, lib.shape, strict=True)), library=lib, library_vars=vars_)
-    store = K.Store(f.realized[root], f.store_index(root, vars_), b.value(root, vars_))
+    """The store of ``root`` over ``lib``'s output space, reading lib's result as the accumulator (``root``
+    at the same position of its own shape when only the rows are reshaped)."""
+    ranges = dict(zip(vars_, lib.shape, strict=True))
+    idx = vars_ if len(root.shape) == len(lib.shape) else reshape_index(vars_, root.shape, lib.shape, ranges)
+    b = ValueBuilder(f, root, ranges, library=lib, library_vars=vars_)
+    store = K.Store(f.realized[root], f.store_index(root, idx), b.value(root, idx))
     b.region.add(lib)
     return store, b.region
 

@@ -294,15 +294,19 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
   };
   const int nthreads = par ? aotc_pool_threads() : 1;
   const int64_t per_slot = aotc_attn_roundup(per, 16);
-  float* ws_all = static_cast<float*>(aligned_alloc(64, (size_t)(per_slot * nthreads) * sizeof(float)));
-  if (ws_all == NULL) throw std::bad_alloc();
+  // the library's kept workspace (matmul.h) unless nested in a caller's parallel loop: no per-call allocation
+  const bool nested = aotc_pool_inside || omp_in_parallel();
+  const size_t bytes = (size_t)(per_slot * nthreads) * sizeof(float);
+  float* own = nested ? static_cast<float*>(aligned_alloc(64, bytes)) : NULL;
+  if (nested && own == NULL) throw std::bad_alloc();
+  float* ws_all = nested ? own : static_cast<float*>(aotc_mm_workspace(bytes));
   try {
     aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) { task(t, ws_all + slot * per_slot); });
   } catch (...) {
-    free(ws_all);
+    free(own);
     throw;
   }
-  free(ws_all);
+  free(own);
 }
 
 #ifdef AOTC_SELFTEST_ATTENTION

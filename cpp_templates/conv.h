@@ -343,62 +343,122 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
 #ifndef AOTC_CONV_DW_CB
 #define AOTC_CONV_DW_CB 256  // channels per depthwise task at most (a multiple of every vector width)
 #endif
+#ifndef AOTC_CONV_DW_OB
+#define AOTC_CONV_DW_OB 4  // output pixels per register block of the depthwise kernel
+#endif
+#ifndef AOTC_CONV_DW_ELEMS_PER_THREAD
+#define AOTC_CONV_DW_ELEMS_PER_THREAD 65536.0  // output elements x taps (~20 us of one core) per extra thread
+#endif
+
+// One output row of a depthwise conv, channels [c0, c0 + cb), into tile[ow * ldt + (c - c0)]. ``xn`` is
+// image n's channels-last input, ``w`` the weight [kh][kw][C]. KWC is the kernel width when known at
+// compile time (3), else 0. The interior pixels (every kw tap inside the row) run in blocks of OB
+// outputs, each weight vector loaded once per block; the edge pixels and the channels past the last full
+// vector take a checked loop.
+template <class T, int KWC>
+static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, int64_t sxw, const T* w, int64_t oh,
+                             int64_t c0, int64_t cb, T* tile, int64_t ldt) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), OB = AOTC_CONV_DW_OB;
+  const int64_t KW = KWC ? KWC : s.KW, C = s.C, cv = cb / L * L;
+  // the kh taps inside the input for this row: ih = oh * sh - ph + kh * dh in [0, H)
+  const int64_t kh0 = aotc_conv_first(oh * s.sh - s.ph, s.dh, 0, s.KH), kh1 = aotc_conv_end(oh * s.sh - s.ph, s.dh, s.H, s.KH);
+  const T* xr0 = xn + (oh * s.sh - s.ph) * sxh + c0;  // row ih = oh * sh - ph, channel c0
+  const T* w0 = w + c0;
+  // interior: iw = ow * sw - pw + kw * dw in [0, W) for kw = 0 and kw = KW - 1
+  int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end((KW - 1) * s.dw - s.pw, s.sw, s.W, s.OW);
+  if (hi < lo) hi = lo;
+  auto checked = [&](int64_t ow, int64_t cfrom) {  // one pixel, channels [cfrom, cb), every tap checked
+    T* out = tile + ow * ldt;
+    const int64_t kw0 = aotc_conv_first(ow * s.sw - s.pw, s.dw, 0, KW), kw1 = aotc_conv_end(ow * s.sw - s.pw, s.dw, s.W, KW);
+    const T* xp = xr0 + (ow * s.sw - s.pw) * sxw;
+    int64_t c = cfrom;
+    for (; c + L <= cv; c += L) {
+      V acc = V{};
+      for (int64_t kh = kh0; kh < kh1; ++kh)
+        for (int64_t kw = kw0; kw < kw1; ++kw) {
+          V xv, wv;
+          memcpy(&xv, xp + kh * s.dh * sxh + kw * s.dw * sxw + c, sizeof(V));
+          memcpy(&wv, w0 + (kh * KW + kw) * C + c, sizeof(V));
+          acc = aotc_vfma(xv, wv, acc);
+        }
+      memcpy(out + c, &acc, sizeof(V));
+    }
+    for (; c < cb; ++c) {
+      T acc = T(0);
+      for (int64_t kh = kh0; kh < kh1; ++kh)
+        for (int64_t kw = kw0; kw < kw1; ++kw)
+          acc = std::fma(xp[kh * s.dh * sxh + kw * s.dw * sxw + c], w0[(kh * KW + kw) * C + c], acc);
+      out[c] = acc;
+    }
+  };
+  for (int64_t ow = 0; ow < lo; ++ow) checked(ow, 0);
+  const int64_t step = s.sw * sxw, tap = s.dw * sxw;
+  int64_t ow = lo;
+  for (; ow + OB <= hi; ow += OB) {
+    const T* xp = xr0 + (ow * s.sw - s.pw) * sxw;
+    T* out = tile + ow * ldt;
+    for (int64_t c = 0; c < cv; c += L) {
+      V acc[OB];
+#pragma GCC unroll 8
+      for (int j = 0; j < OB; ++j) acc[j] = V{};
+      for (int64_t kh = kh0; kh < kh1; ++kh) {
+        const T* xk = xp + kh * s.dh * sxh + c;
+        const T* wk = w0 + kh * KW * C + c;
+#pragma GCC unroll 8
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          V wv;
+          memcpy(&wv, wk + kw * C, sizeof(V));
+#pragma GCC unroll 8
+          for (int j = 0; j < OB; ++j) {
+            V xv;
+            memcpy(&xv, xk + j * step + kw * tap, sizeof(V));
+            acc[j] = aotc_vfma(xv, wv, acc[j]);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < OB; ++j) memcpy(out + j * ldt + c, &acc[j], sizeof(V));
+    }
+    if (cv < cb)
+      for (int j = 0; j < OB; ++j) checked(ow + j, cv);
+  }
+  for (; ow < s.OW; ++ow) checked(ow, 0);
+}
 
 // Depthwise over channels-last x (channel stride 1), weight w[(kh * KW + kw) * C + c]: one task per (image,
-// output row, channel block), each output vector the sum of its valid taps in one register.
+// output row, channel block). Its work is memory more than arithmetic (9 multiply-adds per element read),
+// so the thread count follows output elements x taps, not flops.
 template <class T, class Epi>
 void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* w, Epi epi) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
-  const int64_t C = s.C, taps = s.KH * s.KW;
+  const int64_t C = s.C;
   const int64_t CB = aotc_mm_min(aotc_roundup(C, L), AOTC_CONV_DW_CB), cblocks = (C + CB - 1) / CB;
   const int64_t tasks = s.N * s.OH * cblocks;
-  const double work = (double)s.N * (double)s.OH * (double)s.OW * (double)C * (double)taps;
-  const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(2.0 * work, tasks);
-  const int64_t per = aotc_roundup(s.OW * CB, 64 / (int64_t)sizeof(T));  // a tile per thread, then tap offsets
-  const size_t bytes = (size_t)(per * nthreads) * sizeof(T) + (size_t)(2 * taps * nthreads) * sizeof(int64_t);
-  T* ws_all = static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64));
-  if (ws_all == NULL) throw std::bad_alloc();
-  int64_t* offs_all = reinterpret_cast<int64_t*>(ws_all + per * nthreads);
+  const double work = (double)s.N * (double)s.OH * (double)s.OW * (double)C * (double)(s.KH * s.KW);
+  const int64_t by_work = (int64_t)(work / AOTC_CONV_DW_ELEMS_PER_THREAD);
+  const bool nested = aotc_pool_inside || omp_in_parallel();
+  const int nthreads = nested ? 1 : (int)aotc_mm_min(aotc_mm_min(aotc_pool_threads(), tasks), by_work > 1 ? by_work : 1);
+  const int64_t per = aotc_roundup(s.OW * CB, 64 / (int64_t)sizeof(T));  // a tile per thread
+  // the library's kept workspace (matmul.h) unless nested in a caller's parallel loop: no per-call allocation
+  const size_t bytes = (size_t)(per * nthreads) * sizeof(T);
+  T* own = nested ? static_cast<T*>(aligned_alloc(64, bytes)) : NULL;
+  if (nested && own == NULL) throw std::bad_alloc();
+  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
     T* tile = ws_all + (int64_t)slot * per;
-    int64_t* xoff = offs_all + (int64_t)slot * 2 * taps;
-    int64_t* woff = xoff + taps;
     const int64_t n = task / (s.OH * cblocks), oh = task / cblocks % s.OH, c0 = task % cblocks * CB;
-    const int64_t cb = aotc_mm_min(C - c0, CB), cv = cb / L * L;
-    for (int64_t ow = 0; ow < s.OW; ++ow) {
-      int64_t nt = 0;  // the taps inside the input, as offsets into x and w
-      for (int64_t kh = 0; kh < s.KH; ++kh) {
-        const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
-        if (ih < 0 || ih >= s.H) continue;
-        for (int64_t kw = 0; kw < s.KW; ++kw) {
-          const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
-          if (iw < 0 || iw >= s.W) continue;
-          xoff[nt] = xs.off + n * xs.s0 + ih * xs.s2 + iw * xs.s3 + c0;
-          woff[nt++] = (kh * s.KW + kw) * C + c0;
-        }
-      }
-      T* row = tile + ow * CB;
-      for (int64_t c = 0; c < cv; c += L) {
-        V acc = V{};
-        for (int64_t t = 0; t < nt; ++t) {
-          V xv, wv;
-          memcpy(&xv, x + xoff[t] + c, sizeof(V));
-          memcpy(&wv, w + woff[t] + c, sizeof(V));
-          acc = aotc_vfma(xv, wv, acc);
-        }
-        memcpy(row + c, &acc, sizeof(V));
-      }
-      for (int64_t c = cv; c < cb; ++c) {
-        T acc = T(0);
-        for (int64_t t = 0; t < nt; ++t) acc = std::fma(x[xoff[t] + c], w[woff[t] + c], acc);
-        row[c] = acc;
-      }
-    }
+    const int64_t cb = aotc_mm_min(C - c0, CB);
+    const T* xn = x + xs.off + n * xs.s0;
+    if (s.KW == 3)
+      aotc_conv_dw_row<T, 3>(s, xn, xs.s2, xs.s3, w, oh, c0, cb, tile, CB);
+    else
+      aotc_conv_dw_row<T, 0>(s, xn, xs.s2, xs.s3, w, oh, c0, cb, tile, CB);
     epi(n, oh * s.OW, s.OW, c0, cb, (const T*)tile, CB);
   });
-  free(ws_all);
+  free(own);
 }
 
 #ifdef AOTC_SELFTEST_CONV
@@ -498,6 +558,8 @@ int main() {
   fails += aotc_conv_check_nhwc<1>({2, 37, 9, 11, 37, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 37}, false);  // depthwise
   fails += aotc_conv_check_nhwc<1>({1, 24, 7, 7, 24, 3, 3, 7, 7, 1, 1, 1, 1, 1, 1, 24}, false);
   fails += aotc_conv_check_nhwc<1>({1, 5, 7, 7, 5, 5, 5, 3, 3, 2, 2, 2, 2, 1, 1, 5}, false);
+  fails += aotc_conv_check_nhwc<1>({1, 32, 9, 5, 32, 3, 3, 7, 3, 1, 1, 0, 0, 1, 1, 32}, false);  // rows < a block
+  fails += aotc_conv_check_nhwc<1>({2, 48, 6, 20, 48, 3, 3, 6, 20, 1, 1, 2, 2, 2, 2, 48}, false);  // dilated
   return fails != 0;
 }
 #endif

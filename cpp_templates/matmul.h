@@ -43,9 +43,6 @@
 
 #include "aotc_cpu.h"
 
-#ifndef AOTC_MM_KC
-#define AOTC_MM_KC 256  // K slice: an MR x KC strip of A plus a KC x NR panel of B stay in L1
-#endif
 #ifndef AOTC_MM_MB
 #define AOTC_MM_MB 192  // rows per task at most (a multiple of every MR below); an A block stays in L2
 #endif
@@ -56,15 +53,24 @@
 #define AOTC_MM_FLOPS_PER_THREAD 4000000.0  // ~40 us of one core: less work than this per thread stays serial
 #endif
 
+// K slice: an MR x KC strip of A plus a KC x NR panel of B stay in L1 (48 KiB on the AVX-512 parts, 32 on
+// AVX2 ones). AVX-512: 12 x 2 accumulators of 32 zmm registers, 14 loads per 24 FMAs (8 rows took 10 per
+// 16), and a 24 KiB panel (KC = 256 made it 32 KiB, which with the A strip crowded L1).
 #if defined(__AVX512F__)
 #define AOTC_VBYTES 64
-#define AOTC_MM_MR_DEFAULT 8  // 8 x 2 accumulators of 32 zmm registers
+#define AOTC_MM_MR_DEFAULT 12
+#define AOTC_MM_KC_DEFAULT 192
 #elif defined(__AVX__)
 #define AOTC_VBYTES 32
 #define AOTC_MM_MR_DEFAULT 6  // 6 x 2 accumulators of 16 ymm registers
+#define AOTC_MM_KC_DEFAULT 256
 #else
 #define AOTC_VBYTES 16
 #define AOTC_MM_MR_DEFAULT 4
+#define AOTC_MM_KC_DEFAULT 256
+#endif
+#ifndef AOTC_MM_KC
+#define AOTC_MM_KC AOTC_MM_KC_DEFAULT
 #endif
 #ifndef AOTC_MM_MR
 #define AOTC_MM_MR AOTC_MM_MR_DEFAULT
@@ -318,7 +324,10 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   static_assert(AOTC_MM_MB % MR == 0 && AOTC_MM_NB % NR == 0, "tile sizes must be multiples of MR, NR");
   if (batch <= 0 || M <= 0 || N <= 0) return;
   const int64_t KC = AOTC_MM_KC;
-  const double flops = 2.0 * (double)batch * (double)M * (double)N * (double)(K > 0 ? K : 1);
+  // Work in flops, plus the weight stream: few rows (a GEMV, MobileNet's classifier at batch 1) read every
+  // byte of B for two flops each, memory-bound, so a byte counts as ~10 flops of one core's time.
+  const double flops = 2.0 * (double)batch * (double)M * (double)N * (double)(K > 0 ? K : 1) +
+                       (BSrc::packs ? 0.0 : 10.0 * (double)N * (double)K * sizeof(T));
   const int64_t most = aotc_pool_threads();
   // Tiles: rows up to MB, then columns up to NB, narrowed (in whole panels) until there are a few tasks
   // per thread that the work can pay for.

@@ -102,3 +102,43 @@ def test_pack_array_conv_layout() -> None:
                 for b in range(kw):
                     assert got[oo // nr, (a * kw + b) * c + cc, oo % nr] == w[oo, a, b, cc]
     assert not got[1, :, 1:].any()  # zero past O
+
+
+class DepthwiseNet(nn.Module):
+    """Depthwise forms of conv.h's direct kernel, random weights: channels that fill no vector, stride 2,
+    dilation, no padding, a 7x7 (runtime kernel width), rows narrower than a register block, and a
+    channel multiplier (groups = C, 2C outputs: the general path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s1 = nn.Conv2d(37, 37, 3, 1, 1, groups=37)
+        self.s2 = nn.Conv2d(37, 37, 3, 2, 1, groups=37, bias=False)
+        self.dil = nn.Conv2d(37, 37, 3, 1, 2, dilation=2, groups=37)
+        self.mult = nn.Conv2d(37, 74, 3, 1, 1, groups=37)
+        self.k7 = nn.Conv2d(74, 74, 7, 1, 3, groups=74)
+        self.narrow = nn.Conv2d(32, 32, 3, 1, 0, groups=32)
+        self.narrow_s2 = nn.Conv2d(32, 32, 3, 2, 1, groups=32)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.clamp(self.s1(x), 0, 6) + x
+        y = self.k7(self.mult(self.dil(self.s2(y))))
+        return y, self.narrow_s2(self.narrow(z))
+
+
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
+def test_depthwise_forms_match_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
+    from aotc.cpu_features import cpu_level
+
+    order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+    if order.index(cpu_level()) < order.index(level):
+        pytest.skip(f"this CPU cannot run {level}")
+    torch.manual_seed(0)
+    model = DepthwiseNet().eval()
+    x, z = torch.randn(2, 37, 13, 27), torch.randn(2, 32, 9, 5)
+    pkg = tmp_path / "dwnet.pkg"
+    build_captured(capture_module(model, (x, z), name="dwnet"), pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache)
+    with torch.no_grad():
+        want = [t.numpy() for t in model(x, z)]
+    got = aotc.load(pkg, device="cpu")(x.numpy(), z.numpy())
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * float(np.abs(w).max()))

@@ -101,3 +101,47 @@ def test_a_view_that_is_not_affine_still_copies() -> None:
     plan, run = fused(model, torch.randn(4, 3, 4))
     assert [type(k).__name__ for k in plan.kernels] == ["Pointwise", "Matmul"]
     check(model, run, torch.randn(4, 3, 4))
+
+
+class FFN(nn.Module):
+    """BERT's feed-forward over [B, L, H]: nn.Linear is a [B * L, H] matmul whose bias and GELU apply to [B, L, 4H]."""
+
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class Blocks(nn.Module):
+    """Two MobileNetV2-style stages: a block without a skip, then one with: the first block's output is
+    read by the next conv and by the residual add."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(c, 2 * c, 1), nn.ReLU6(), nn.Conv2d(2 * c, c, 1))
+        self.b = nn.Sequential(nn.Conv2d(c, 2 * c, 1), nn.ReLU6(), nn.Conv2d(2 * c, c, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        return y + self.b(y)
+
+
+def test_linear_epilogue_over_reshaped_rows() -> None:
+    """The FFN's bias and GELU run in the up-projection's epilogue (no pointwise kernel between the two
+    matmuls), stored through [B * L, 4H] -> [B, L, 4H]."""
+    torch.manual_seed(0)
+    model, x = FFN(), torch.randn(2, 5, 16)
+    plan, run = fused(model, x)
+    assert [type(k).__name__ for k in plan.kernels] == ["Matmul", "Matmul"]
+    check(model, run, x)
+
+
+def test_conv_bias_and_skip_stay_in_the_conv() -> None:
+    """A project conv's bias and the residual add stay in its epilogue: every kernel is a conv."""
+    torch.manual_seed(0)
+    model, x = Blocks(), torch.randn(1, 8, 5, 6)
+    plan, run = fused(model, x)
+    assert all(isinstance(k, K.Conv) for k in plan.kernels), [type(k).__name__ for k in plan.kernels]
+    check(model, run, x)
