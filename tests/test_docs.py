@@ -22,6 +22,7 @@ from click.testing import CliRunner
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
+OPTIONAL_ENGINES = {"ray", "triton_python_backend_utils"}
 _EXIT = re.compile(r"\s+#\s*exit\s+(\d+)\s*$")
 
 
@@ -50,14 +51,14 @@ ALL = [(page.relative_to(ROOT).as_posix(), cmd) for page in PAGES for cmd, _ in 
 
 def test_every_page_has_commands() -> None:
     for page in DOCS:
-        if page.name not in ("ops.md", "README.md"):
+        if page.name not in ("ops.md", "README.md", "safety.md"):  # safety.md: the threat model, no commands
             assert commands(page), page
 
 
 @pytest.mark.parametrize(("page", "cmd"), ALL, ids=[f"{p}: {c}" for p, c in ALL])
 def test_command_parses(page: str, cmd: str) -> None:
     args = shlex.split(cmd)[1:]
-    if args[0].startswith("-"):  # aotc --version / --help
+    if args[0].startswith("-") or "--help" in args:  # aotc --version / --help, aotc CMD --help
         assert CliRunner().invoke(cli, args).exit_code == 0
         return
     sub = cli.get_command(click.Context(cli), args[0])
@@ -107,4 +108,8 @@ def test_docs_python_blocks_run(workdir: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.chdir(workdir)
     for page in DOCS:
         for block in _blocks(page.read_text(), "python"):
-            exec(compile(block, page.name, "exec"), {})
+            try:
+                exec(compile(block, page.name, "exec"), {})
+            except ModuleNotFoundError as e:  # an engine aotc serves on (Ray, Triton) but does not install
+                if e.name not in OPTIONAL_ENGINES:
+                    raise
