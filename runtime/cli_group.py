@@ -54,6 +54,9 @@ def refusals() -> Iterator[None]:
     except AotcError as e:
         click.echo(f"aotc: {type(e).__name__}: {e}", err=True)
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("aotc: interrupted", err=True)
+        sys.exit(130)  # what a shell reports for SIGINT
 
 
 def device_option(f: F) -> F:

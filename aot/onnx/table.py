@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -22,9 +22,6 @@ from aotc.errors import UnsupportedOp
 
 from ..builder import Builder
 from ..ir import Dim, DType, Node, as_dim
-
-if TYPE_CHECKING:
-    from .importer import Importer
 
 ELEM_TYPES: dict[int, DType] = {
     onnx.TensorProto.FLOAT: DType.f32, onnx.TensorProto.DOUBLE: DType.f64, onnx.TensorProto.FLOAT16: DType.f16,
@@ -114,6 +111,12 @@ def attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return out
 
 
+class Tensors(Protocol):
+    """What a rule needs of the importer (``importer.Importer``): a value as a tensor node."""
+
+    def tensor(self, v: Value, b: Builder) -> Node: ...
+
+
 @dataclass
 class Ctx:
     """What a rule sees for one ONNX node: its attributes, its input values, a builder whose nodes carry the
@@ -124,7 +127,7 @@ class Ctx:
     ins: list[Value | None]
     b: Builder
     opset: int
-    imp: Importer
+    imp: Tensors
     a: dict[str, Any] = field(default_factory=dict)
 
     def attr(self, name: str, default: Any = None) -> Any:

@@ -42,9 +42,9 @@ def serve(
 ) -> None:
     """Serve PACKAGES ([NAME=]PKG, each named by its file stem by default) over the Open Inference Protocol
     (KServe v2, as Triton Inference Server speaks it) on HTTP and gRPC. Needs pip install 'aotc[serve]'."""
-    from ..cli import _errors
+    from ..cli_group import refusals
 
-    with _errors():
+    with refusals():
         try:
             from .server import parse_packages
             from .server import serve as run_server
