@@ -115,3 +115,12 @@ class Builder:
             for x in (a, b)
         ]
         return self.add(Op.WHERE, (c, *ab), dtype, shape)
+
+
+def unique_name(name: str, used: set[str]) -> str:
+    """``name``, or ``name_1``, ``name_2``... the first not in ``used``; recorded there."""
+    out, k = name, 1
+    while out in used:
+        out, k = f"{name}_{k}", k + 1
+    used.add(out)
+    return out

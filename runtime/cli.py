@@ -13,8 +13,7 @@ import math
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +22,8 @@ import numpy as np
 
 from . import __version__, inspect_view
 from .cli_group import Group
-from .errors import EXIT_CODES, AotcError, InputMismatch, PackageCorrupt, UsageError, VerifyFailed
+from .cli_group import refusals as _errors
+from .errors import EXIT_CODES, InputMismatch, PackageCorrupt, UsageError, VerifyFailed
 from .model import Model, load
 from .package import Package
 from .schema import FORMAT_VERSION, to_dict
@@ -32,18 +32,6 @@ from .serve.cli import serve as serve_command
 F = TypeVar("F", bound=Callable[..., Any])
 
 _EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code}  {name}" for name, code in sorted(EXIT_CODES.items(), key=lambda kv: kv[1]))
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    try:
-        yield
-    except AotcError as e:
-        click.echo(f"aotc: {type(e).__name__}: {e}", err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("aotc: interrupted", err=True)
-        sys.exit(130)  # what a shell reports for SIGINT
 
 
 def _device_option(f: F) -> F:

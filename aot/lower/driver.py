@@ -18,7 +18,7 @@ import sympy
 import torch
 from aotc.errors import UnsupportedOp
 
-from ..builder import Builder
+from ..builder import Builder, unique_name
 from ..capture import Captured, finite
 from ..ir import DType, Graph, InputAttr, Node, Op, Symbol, WeightAttr
 
@@ -59,7 +59,7 @@ def lower_program(cap: Captured) -> Graph:
             t = consts[target]
             t = t.detach().contiguous()
             arr = (t.float().numpy().astype(DType.bf16.numpy()) if t.dtype is torch.bfloat16 else t.numpy()).copy()
-            wname = _unique(re.sub(r"[^A-Za-z0-9_.]", "_", target), used_names)
+            wname = unique_name(re.sub(r"[^A-Za-z0-9_.]", "_", target), used_names)
             weights[wname] = arr
             node = b.add(Op.WEIGHT, (), TORCH_DTYPES[t.dtype], tuple(t.shape), WeightAttr(wname))
         env[n] = node
@@ -84,14 +84,6 @@ def lower_program(cap: Captured) -> Graph:
                 outputs.append(env[o])
 
     return Graph(nodes=b.nodes, inputs=inputs, outputs=outputs, weights=weights, symbols=_symbols(cap, inputs))
-
-
-def _unique(name: str, used: set[str]) -> str:
-    out, k = name, 1
-    while out in used:
-        out, k = f"{name}_{k}", k + 1
-    used.add(out)
-    return out
 
 
 def _symbols(cap: Captured, inputs: list[Node]) -> list[Symbol]:

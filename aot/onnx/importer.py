@@ -20,7 +20,7 @@ import sympy
 from aotc.errors import UnsupportedOp, UsageError
 from onnx import numpy_helper
 
-from ..builder import Builder
+from ..builder import Builder, unique_name
 from ..ir import AxisAttr, DType, Graph, InputAttr, Node, Op, Symbol, WeightAttr
 from . import ops_math, ops_ms, ops_nn, ops_shape  # noqa: F401  (the rule modules fill TABLE as they import)
 from .reader import Loaded
@@ -149,7 +149,7 @@ def lower_model(loaded: Loaded, fname: str, dynamic: tuple[str, ...] = ()) -> Lo
                 example = min(max(lo, DEFAULT_EXAMPLE), hi) if hi is not None else max(lo, DEFAULT_EXAMPLE)
                 sym = symbols[label] = Symbol(sym.name, label, lo, hi, example)
             shape.append(sympy.Symbol(sym.name, integer=True, positive=True))
-        name = _unique(clean(inp.name), used)
+        name = unique_name(clean(inp.name), used)
         node = b.add(Op.INPUT, (), dt, tuple(shape), InputAttr(name))
         inputs.append(node)
         env[inp.name] = node
@@ -187,7 +187,7 @@ def lower_model(loaded: Loaded, fname: str, dynamic: tuple[str, ...] = ()) -> Lo
         if node.op is Op.INPUT or node in outputs:  # an output is its own buffer
             node = out_b.add(Op.ADD, (node, out_b.full(0, node.dtype, node.shape)), node.dtype, node.shape)
         outputs.append(node)
-        out_names.append(_unique(clean(o.name), used_out))
+        out_names.append(unique_name(clean(o.name), used_out))
     weights = dict(imp.weights)
     graph = Graph(nodes=b.nodes, inputs=inputs, outputs=outputs, weights=weights,
                   symbols=sorted(symbols.values(), key=lambda s: int(s.name[1:])))  # fmt: skip
@@ -198,14 +198,6 @@ def lower_model(loaded: Loaded, fname: str, dynamic: tuple[str, ...] = ()) -> Lo
 
 def _domain(d: str) -> str:
     return "" if d == "ai.onnx" else d
-
-
-def _unique(name: str, used: set[str]) -> str:
-    out, k = name, 1
-    while out in used:
-        out, k = f"{name}_{k}", k + 1
-    used.add(out)
-    return out
 
 
 def _check_supported(loaded: Loaded, fname: str) -> None:
