@@ -68,9 +68,10 @@ def main(art: Path) -> None:
 
 def _reference(art: Path, name: str, ref: np.lib.npyio.NpzFile) -> float:
     bf16 = name.endswith("_bf16")
+    half = torch.bfloat16 if bf16 else torch.float16 if name.endswith("_fp16") else None
     model = _module(str(ref["recipe"])).eval()
-    if bf16:
-        model = model.to(torch.bfloat16)
+    if half is not None:
+        model = model.to(half)
     model.load_state_dict(torch.load(art / f"{name}.weights.pt", map_location="cpu"))
     model = model.to(DEVICE)
     outs, worst = {}, 0.0

@@ -56,8 +56,9 @@ def emit(
     m = cap.model
     for k, case_inputs in enumerate(cases):
         xs = case_inputs
-        if precision == "bf16":
-            xs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in xs)
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        if half is not None:  # the captured model's weights are in that precision
+            xs = tuple(x.to(half) if x.is_floating_point() else x for x in xs)
         with torch.no_grad():
             y = m(*xs)
         for i, x in enumerate(xs):
