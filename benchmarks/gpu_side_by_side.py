@@ -325,8 +325,10 @@ def run_model(
         left = deadline - time.time()
         slow = mode.startswith("max-autotune")
         guess = 2.5 * max(compile_s.values(), default=30.0) if slow else 60.0
-        if left < guess + (60.0 * later if slow else 0.0):
-            skipped[mode] = f"skipped: {left:.0f} s left of the run's budget, compile estimated {guess:.0f} s"
+        kept = 60.0 * later if slow else 0.0
+        if left < guess + kept:
+            skipped[mode] = (f"skipped: {left:.0f} s left of the run's budget, compile estimated {guess:.0f} s, "
+                             f"{kept:.0f} s kept for {later} later models")  # fmt: skip
             continue
         try:
             t0 = time.perf_counter()
