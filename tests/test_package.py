@@ -222,7 +222,7 @@ def test_flipped_weight_byte_is_caught_before_parsing(make_package, monkeypatch:
     parsed = []
     monkeypatch.setattr(rpkg, "parse_safetensors", lambda *a: parsed.append(a))
     pkg = Package(path)  # structure is fine; the hash is checked when the member is used
-    with pytest.raises(PackageCorrupt, match="weights.safetensors.*sha256"):
+    with pytest.raises(PackageCorrupt, match="weights.safetensors.*blake3"):
         pkg.weights()
     assert parsed == []
     assert not pkg.check("weights.safetensors") and pkg.check("cpu/x86-64-v2/model.so")
