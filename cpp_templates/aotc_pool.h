@@ -343,8 +343,14 @@ static void aotc_parallel_for(int64_t n, int64_t work, F&& body) {
 // process's cores or OMP_NUM_THREADS), adapting likewise; n < 0: exactly -n threads, never fewer.
 static inline void aotc_pool_set_threads(int32_t n) {
   aotc_pool& p = aotc_the_pool();
-  p.fixed = n < 0;
-  p.want = n < 0 ? -n : n;
+  const bool fixed = n < 0;
+  const int want = n < 0 ? -n : n;
+  if (fixed == p.fixed && want == p.want) return;  // the runtime sets it before every call: only a change counts
+  p.fixed = fixed;
+  p.want = want;
+  p.solo_left = 0;  // a new setting is tried from the next call on, whatever the policy had learnt
+  p.backoff = 2;
+  p.clean = 0;
 }
 
 // Start a call: its width is the setting, or one thread while the policy holds calls solo.
@@ -492,6 +498,14 @@ int main() {
     if (aotc_pool_threads() != 2) printf("a fixed count dropped\n"), ++fails;
   }
   p.test_worker_delay_ns = 0;
+  // A new setting drops what the policy learnt; the same one again (the runtime sets it before every call)
+  // keeps it.
+  aotc_pool_set_threads(2);
+  p.solo_left = 5;
+  aotc_pool_set_threads(2);
+  if (p.solo_left != 5) printf("setting the same count reset the policy\n"), ++fails;
+  aotc_pool_set_threads(3);
+  if (p.solo_left != 0 || p.backoff != 2) printf("a new count kept the old policy\n"), ++fails;
   if (fails) printf("%d failures\n", fails);
   return fails != 0;
 }
