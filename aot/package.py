@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
 import json
 import os
 import secrets
@@ -41,9 +42,9 @@ from aotc.package import (
     MAX32,
     PAD_PREFIX,
     ST_DTYPES,
-    digest,
 )
 from aotc.schema import (
+    HASH_CHUNK,
     MANIFEST,
     Manifest,
     Member,
@@ -127,7 +128,7 @@ def _layout(files: Sequence[tuple[str, bytes | memoryview]]) -> list[bytes | mem
 def write_package(path: str | Path, manifest: Manifest, members: Mapping[str, bytes | memoryview]) -> Manifest:
     """Write ``manifest`` and ``members`` to ``path`` atomically; return the manifest with members filled.
 
-    ``manifest.members`` is ignored and replaced by the digest and size of every entry of ``members``
+    ``manifest.members`` is ignored and replaced by the sha256 and size of every entry of ``members``
     (manifest.json excepted: it cannot hash itself). Raises PackageCorrupt naming the field when the
     manifest is invalid or references a member that is not given; nothing is written then.
     """
@@ -147,8 +148,13 @@ def write_package(path: str | Path, manifest: Manifest, members: Mapping[str, by
 
 
 def member_hashes(data: bytes | memoryview) -> Member:
-    """A member's digest (the runtime's ``aotc.package.digest``: the one the loader checks) and size."""
-    return Member(digest(data), len(data))
+    """A member's sha256, size, and (past HASH_CHUNK bytes) the sha256 of each chunk, which the runtime
+    checks on several threads at once."""
+    view = memoryview(data)
+    chunks: tuple[str, ...] = ()
+    if len(view) > HASH_CHUNK:
+        chunks = tuple(hashlib.sha256(view[i : i + HASH_CHUNK]).hexdigest() for i in range(0, len(view), HASH_CHUNK))
+    return Member(hashlib.sha256(view).hexdigest(), len(view), chunks)
 
 
 def _clean_stale(path: Path) -> None:

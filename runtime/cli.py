@@ -231,7 +231,7 @@ def verify(package: Path, device: str) -> None:
 @click.argument("package", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest and member status as JSON.")
 def inspect(package: Path, as_json: bool) -> None:
-    """Show what PACKAGE holds and check every member's BLAKE3 digest (exit 3 if any mismatches)."""
+    """Show what PACKAGE holds and check every member's sha256 (exit 3 if any mismatches)."""
     with _errors():
         pkg = Package(package)
         m = pkg.manifest
@@ -249,7 +249,7 @@ def inspect(package: Path, as_json: bool) -> None:
                 click.echo(line)
         bad = [n for n, s in status.items() if s != "ok"]
         if bad:
-            raise PackageCorrupt(f"{package}: blake3 mismatch in {', '.join(bad)}; copy it again or rebuild it")
+            raise PackageCorrupt(f"{package}: sha256 mismatch in {', '.join(bad)}; copy it again or rebuild it")
 
 
 def _more_commands() -> None:

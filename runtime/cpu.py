@@ -259,7 +259,7 @@ class CpuExecutor:
             if w.ctypes.data % 64 and w.size:
                 raise ValueError("weights must be 64-byte aligned (the C ABI promises it)")
         check_glibc(target)
-        code = package.read(target.library)  # hash-checked here, as copied, before dlopen sees a byte
+        code = package.read(target.library)  # the sha256 check happens here, before dlopen sees a byte
         check_interface(code, package.manifest, target)
         self._lib = _dlopen_bytes(code, target.library)
         # cffi never dlcloses on its own; without this every load would leak a mapped library.

@@ -20,7 +20,7 @@ class UsageError(AotcError):
 
 
 class PackageCorrupt(AotcError):
-    """A package member is missing, malformed, or its BLAKE3 digest does not match the manifest."""
+    """A package member is missing, malformed, or its sha256 does not match the manifest."""
 
     exit_code = 3
 

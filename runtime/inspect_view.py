@@ -140,5 +140,5 @@ def lines(pkg: Package, status: dict[str, str]) -> list[str]:
     st = m.selftest
     out.append("selftest  " + ("none" if st is None else f"{st.member} (rtol={st.rtol:g}, atol={st.atol:g})"))
     for name, mem in m.members.items():
-        out.append(f"member    {status[name]:8} {name}  {mem.size:,} bytes  blake3 {mem.blake3[:16]}…")
+        out.append(f"member    {status[name]:8} {name}  {mem.size:,} bytes  sha256 {mem.sha256[:16]}…")
     return out

@@ -1,36 +1,38 @@
-"""Reading a package: the ZIP container, bound checks, hash checks, and zero-copy weights.
+"""Reading a package: the ZIP container, bound checks, sha256 checks, and zero-copy weights.
 
 What it is: ``Package(path)`` maps the file once, walks the ZIP central directory with every offset checked
-against the file, reads and validates the manifest, and hands out members only after their BLAKE3 matched
+against the file, reads and validates the manifest, and hands out members only after their sha256 matched
 (``view`` for zero-copy data, ``read`` for a checked private copy that is what later reaches ``dlopen``).
 ``weights()`` parses the safetensors header itself and returns numpy views into the mapping.
 What it is not: a general ZIP reader. A package is written by ``aotc_build.package``: stored members only,
 no encryption, no multi-disk, no data descriptors; anything else is refused as corrupt.
 
 Note: ``aotc.load`` checks the hashes of every member it may use (``verify_members``) before any code is
-loaded; a big weight blob on several threads (``digest``: BLAKE3 is a tree hash). A member first used later
-(``view``) is checked then. Weights stay mapped, so a file rewritten in place after loading changes them;
-code is copied out and hashed as copied.
+loaded, several threads at once: members over HASH_CHUNK bytes carry one sha256 per chunk, so one big
+weight blob is checked in parallel too. A member first used later (``view``) is checked then. Weights stay
+mapped, so a file rewritten in place after loading changes them; code is copied out and hashed as copied.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import mmap
 import os
 import stat
 import struct
+import threading
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import blake3
 import numpy as np
 
 from .errors import PackageCorrupt, UsageError
 from .schema import (
+    HASH_CHUNK,
     ITEMSIZE,
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -288,9 +290,9 @@ class Package:
         return self.entries[member]
 
     def _verify(self, member: str, got: str) -> None:
-        want = self.manifest.members[member].blake3
+        want = self.manifest.members[member].sha256
         if got != want:
-            what = f"member {member!r} has blake3 {got[:16]}…, the manifest says {want[:16]}…"
+            what = f"member {member!r} has sha256 {got[:16]}…, the manifest says {want[:16]}…"
             raise _corrupt(self.path, what)
 
     def view(self, member: str) -> memoryview:
@@ -301,28 +303,58 @@ class Package:
         return memoryview(self._mm)[e.offset : e.offset + e.size]
 
     def verify_members(self, members: Iterable[str], threads: int | None = None) -> None:
-        """Check the digest of every member named now, a big one on up to ``threads`` threads (default: the
-        cores this process may use, at most 8). Raises PackageCorrupt naming the first member, in the order
-        given, that fails."""
+        """Check the sha256 of every member named (its chunks' when it has them) now, on up to ``threads``
+        threads (default: the cores this process may use, at most 8); hashlib releases the GIL, so the
+        threads hash at once. Raises PackageCorrupt naming the first member, in the order given, that fails."""
+        names = [n for n in dict.fromkeys(members) if n not in self._verified]
+        jobs: list[tuple[int, int, str, int]] = []  # (start, end, digest wanted, index of the member)
+        for j, name in enumerate(names):
+            e, mem = self._entry(name), self.manifest.members[name]
+            if mem.chunks:
+                for i, want in enumerate(mem.chunks):
+                    start = e.offset + i * HASH_CHUNK
+                    jobs.append((start, min(start + HASH_CHUNK, e.offset + e.size), want, j))
+            else:
+                jobs.append((e.offset, e.offset + e.size, mem.sha256, j))
+        jobs.sort(key=lambda job: job[0] - job[1])  # largest first: the threads finish together
+        failed: list[int] = []
         mv = memoryview(self._mm)
-        for name in dict.fromkeys(members):
-            if name in self._verified:
-                continue
+        todo = iter(jobs)  # shared: a list iterator hands each job to exactly one thread
+
+        def work() -> None:
+            for start, end, want, j in todo:
+                if hashlib.sha256(mv[start:end]).hexdigest() != want:
+                    failed.append(j)
+
+        total = sum(end - start for start, end, _, _ in jobs)
+        n = min(threads or _hash_threads(), len(jobs), 1 + total // (4 << 20))  # small work: this thread alone
+        helpers = [threading.Thread(target=work, name="aotc-sha256", daemon=True) for _ in range(n - 1)]
+        for t in helpers:
+            t.start()
+        work()
+        for t in helpers:
+            t.join()
+        if failed:
+            name = names[min(failed)]
             e = self._entry(name)
-            self._verify(name, digest(mv[e.offset : e.offset + e.size], threads))
-            self._verified.add(name)
+            self._verify(name, hashlib.sha256(mv[e.offset : e.offset + e.size]).hexdigest())  # names both digests
+            raise _corrupt(self.path, f"member {name!r} fails its chunk sha256 check")  # chunks lie, the whole agrees
+        self._verified.update(names)
 
     def read(self, member: str) -> bytes:
         """A private copy of a member, hashed after copying: the bytes returned are the bytes checked.
         Use this for anything that becomes code (a .so for dlopen, a cubin for cuModuleLoadData)."""
         e = self._entry(member)
         data = self._mm[e.offset : e.offset + e.size]
-        self._verify(member, digest(data))
+        self._verify(member, hashlib.sha256(data).hexdigest())
         return data
 
     def check(self, member: str) -> bool:
-        """Whether a listed member's bytes match the manifest's digest (no exception; for ``inspect``)."""
+        """Whether a listed member's bytes match the manifest's sha256 and chunk hashes (no exception; for
+        ``inspect``, which hashes every member whole as well, unlike ``load``)."""
+        e = self._entry(member)
         try:
+            self._verify(member, hashlib.sha256(memoryview(self._mm)[e.offset : e.offset + e.size]).hexdigest())
             self.verify_members([member])
         except PackageCorrupt:
             return False
@@ -389,18 +421,6 @@ class Package:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def digest(data: bytes | memoryview, threads: int | None = None) -> str:
-    """The BLAKE3 digest of ``data`` as lowercase hex: the one hash of the package format (``Member.blake3``).
-    Data past HASH_SPLIT bytes is hashed on up to ``threads`` threads (default: the cores this process may
-    use, at most 8); BLAKE3 is a tree hash, so the digest does not depend on the thread count, and the
-    threads share the work by stealing it, so one that another process keeps off its core delays none."""
-    n = min(threads or _hash_threads(), 1 + len(data) // HASH_SPLIT)
-    return blake3.blake3(data, max_threads=n).hexdigest()
-
-
-HASH_SPLIT = 16 << 20  # bytes per extra hashing thread: below this, starting a thread costs more than it saves
 
 
 def _hash_threads() -> int:

@@ -20,7 +20,7 @@ A manifest (JSON, keys sorted)::
      "targets": [{"kind": "cpu", "level": "x86-64-v4", "library": "cpu/x86-64-v4/model.so",
                   "packed": {"member": "cpu/x86-64-v4/packed.safetensors", "tensors": […]}, …},
                  {"kind": "cuda", "arch": "sm_90", "kernels": […], "launches": […], …}],
-     "members": {"weights.safetensors": {"blake3": "…", "size": 123}, …},
+     "members": {"weights.safetensors": {"sha256": "…", "size": 123, "chunks": []}, …},
      "selftest": {"member": "selftest.safetensors", "inputs": […], "outputs": […], "rtol": …, "atol": …}}
 
 A CUDA target holds only what is its own; inputs, outputs, weights and symbols are the manifest's::
@@ -69,13 +69,13 @@ else:
     from .records import dataclass  # the same frozen dataclasses, without compiling 96 methods at import
 
 FORMAT = "aotc"
-FORMAT_VERSION = 5  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;
+FORMAT_VERSION = 4  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;
 # 3: a CPU target may carry ``packed`` weights (its own safetensors member);
-# 4: every CPU library carries its own interface (INTERFACE_MARK), which the runtime compares with the manifest;
-# 5: members carry a BLAKE3 digest (was sha256, per 8 MiB chunk): a third of sha256's time on one core and
-#    multi-threaded by itself, 100 MB of weights checked in ~15 ms instead of ~90 at every load
+# 4: members over HASH_CHUNK bytes list a sha256 per chunk (checked in parallel at load), and every CPU
+#    library carries its own interface (INTERFACE_MARK), which the runtime compares with the manifest
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
+HASH_CHUNK = 8 << 20  # members larger than this carry one sha256 per HASH_CHUNK-byte piece, in order
 INTERFACE_MARK = b"aotc-interface-1:"  # prefix of the NUL-terminated JSON a CPU library embeds
 MAX_DIM = 1 << 40  # the largest size a symbol's range or a static dimension may name
 MAX_RANK = 64
@@ -277,8 +277,9 @@ Target = CpuTarget | CudaTarget
 
 @dataclass(frozen=True)
 class Member:
-    blake3: str  # the BLAKE3 digest (32 bytes, lowercase hex) of the member's bytes
+    sha256: str
     size: int
+    chunks: tuple[str, ...] = ()  # the sha256 of each HASH_CHUNK-byte piece, when size > HASH_CHUNK
 
 
 @dataclass(frozen=True)
@@ -462,7 +463,7 @@ def strict_json(text: str | bytes, what: str) -> Any:
 
 # ---- cross-field checks ----------------------------------------------------------------------------------
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -554,10 +555,14 @@ def validate(m: Manifest) -> None:
             raise _bad("selftest", f"bad tolerances rtol={st.rtol} atol={st.atol} (each must be in [0, 1])")
     for path, mem in m.members.items():
         check_member_name(path, f"members[{path!r}]")
-        if not _DIGEST.fullmatch(mem.blake3):
-            raise _bad(f"members.{path}.blake3", "not a lowercase hex BLAKE3 digest of 32 bytes")
+        if not _SHA256.fullmatch(mem.sha256):
+            raise _bad(f"members.{path}.sha256", "not a lowercase hex sha256")
         if not 0 <= mem.size <= MAX_BYTES:
             raise _bad(f"members.{path}.size", f"{mem.size} is out of range")
+        if len(mem.chunks) != (-(-mem.size // HASH_CHUNK) if mem.size > HASH_CHUNK else 0):
+            raise _bad(f"members.{path}.chunks", f"{len(mem.chunks)} chunk hashes for {mem.size} bytes in {HASH_CHUNK}-byte chunks")
+        if not all(_SHA256.fullmatch(c) for c in mem.chunks):
+            raise _bad(f"members.{path}.chunks", "not lowercase hex sha256s")
     if m.members:
         for path in m.referenced_members():
             if path not in m.members:

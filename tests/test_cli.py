@@ -89,7 +89,7 @@ def test_corrupt_and_incompatible_exit_codes(make_package, tmp_path: Path) -> No
     pkg = make_package()
     flip(pkg, "cpu/x86-64-v2/model.so")
     r = invoke("run", pkg)
-    assert r.exit_code == errors.PackageCorrupt.exit_code and "blake3" in r.stderr
+    assert r.exit_code == errors.PackageCorrupt.exit_code and "sha256" in r.stderr
     d = to_dict(affine_manifest())
     d["format_version"] = FORMAT_VERSION + 1
     r = invoke("verify", write_raw(tmp_path / "newer.pkg", d, {}))

@@ -98,7 +98,7 @@ def test_cuda_target_round_trip() -> None:
     again = schema.from_json(text)
     assert again == m and schema.to_json(again) == text
     assert again.cuda_targets[0].kernels[0].num_args == 4 and again.cuda_targets[0].sm == 90
-    assert "cuda/sm_90/scale.cubin" in again.referenced_members()  # so its digest is required
+    assert "cuda/sm_90/scale.cubin" in again.referenced_members()  # so its sha256 is required
 
 
 @pytest.mark.parametrize(

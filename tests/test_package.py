@@ -224,7 +224,7 @@ def test_flipped_weight_byte_is_caught_before_parsing(make_package, monkeypatch:
     parsed = []
     monkeypatch.setattr(rpkg, "parse_safetensors", lambda *a: parsed.append(a))
     pkg = Package(path)  # structure is fine; the hash is checked when the member is used
-    with pytest.raises(PackageCorrupt, match="weights.safetensors.*blake3"):
+    with pytest.raises(PackageCorrupt, match="weights.safetensors.*sha256"):
         pkg.weights()
     assert parsed == []
     assert not pkg.check("weights.safetensors") and pkg.check("cpu/x86-64-v2/model.so")
@@ -320,9 +320,8 @@ def test_encoded_tensors_read_back_by_safetensors_and_aligned() -> None:
 
 
 def test_cold_start_imports_stay_light(make_package) -> None:
-    """A fresh process loads and runs a package without importing hashlib (OpenSSL's libcrypto: ~10 ms of
-    a cold start; members are checked with blake3), and the format's records are aotc.records' (no methods
-    compiled at import)."""
+    """A fresh process loads and runs a package with the format's records made by aotc.records (no methods
+    compiled at import: ~40 ms of a cold start with dataclasses)."""
     code = (
         "import sys, dataclasses, numpy as np, aotc\n"
         "m = aotc.load(sys.argv[1], device='cpu')\n"
@@ -330,8 +329,8 @@ def test_cold_start_imports_stay_light(make_package) -> None:
         "import aotc.package, aotc.schema\n"
         "records = [c for mod in (aotc.package, aotc.schema) for c in vars(mod).values() if dataclasses.is_dataclass(c)]\n"
         "compiled = [c.__name__ for c in records if not c.__eq__.__code__.co_filename.endswith('records.py')]\n"
-        "print(len(records) > 10, sorted(k for k in ('hashlib', '_hashlib') if k in sys.modules), compiled)\n"
+        "print(len(records) > 10, compiled)\n"
     )
     r = subprocess.run([sys.executable, "-c", code, str(make_package())], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "True [] []"
+    assert r.stdout.strip() == "True []"

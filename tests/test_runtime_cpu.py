@@ -133,7 +133,7 @@ def test_corrupt_library_is_refused_before_dlopen(make_package, monkeypatch: pyt
     flip(path, "cpu/x86-64-v2/model.so", offset=5000)
     opened = []
     monkeypatch.setattr(cpu, "_dlopen_bytes", lambda *a: opened.append(a))  # every dlopen goes through it
-    with pytest.raises(PackageCorrupt, match="model.so' has blake3"):
+    with pytest.raises(PackageCorrupt, match="model.so' has sha256"):
         aotc.load(path)
     assert opened == []
 
@@ -143,7 +143,7 @@ def test_corrupt_weights_are_refused_before_dlopen(make_package, monkeypatch: py
     flip(path, "weights.safetensors", offset=300)
     opened = []
     monkeypatch.setattr(cpu, "_dlopen_bytes", lambda *a: opened.append(a))
-    with pytest.raises(PackageCorrupt, match="weights.safetensors' has blake3"):
+    with pytest.raises(PackageCorrupt, match="weights.safetensors' has sha256"):
         aotc.load(path)
     assert opened == []
 

@@ -9,7 +9,7 @@ What it is: ``TritonPythonModel`` (the Python backend's model class: ``initializ
 ``NAME/1/model.py`` and ``NAME/1/model.pkg`` for a model repository). ``triton_python_backend_utils`` is
 imported only inside the backend's calls: this module imports in any environment.
 What it is not: a Triton server. The backend runs in the ``python`` backend's stub process, which must have
-``aotc`` installed (the runtime only: numpy, cffi, blake3, ml_dtypes, click).
+``aotc`` installed (the runtime only: numpy, cffi, ml_dtypes, click).
 
 Note: when the package can batch (``batching.batch_symbol``), the config declares ``max_batch_size`` as the
 batch range's top (or ``--max-batch``) and the tensors' dims without the batch axis, and turns on Triton's

@@ -15,9 +15,7 @@
 #            finish in 400 s: warm one precision a call, then sbs-run in a call made at once, while the machine is warm),
 #            SBS_JOBS, SBS_TUNE=1: tune on this GPU, which the build then sees).
 # tune:      benchmarks/tune_table.py --write-table (TUNE_MODELS, TUNE_PRECISIONS); sm_90.json comes back in $OUT.
-# .whl holds cffi + pycparser + blake3 (the image lacks them; package format 5 hashes with blake3: pip download
-# blake3 --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 --no-deps -d .whl);
-# .whl-zoo the transformers release the zoo is written for.
+# .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 ZOO=/tmp/zoo

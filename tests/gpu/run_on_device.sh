@@ -3,7 +3,7 @@
 #   python tests/gpu/build_artifacts.py .aotc-cache/gpu          (build machine; Triton 3.9 here)
 #   python benchmarks/gpu_latency.py build .aotc-cache/gpu-bench (build machine)
 #   bash tests/gpu/run_on_device.sh                              (GPU machine; carry .aotc-cache/gpu*, .whl)
-# Installs carried wheels (cffi, pycparser, blake3) if any, makes the checkout importable without pip install, runs the GPU
+# Installs carried wheels (cffi) if any, makes the checkout importable without pip install, runs the GPU
 # tests (each case in a process where torch cannot load) and the latency benchmark. Logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
