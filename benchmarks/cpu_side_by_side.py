@@ -246,7 +246,7 @@ print(time.perf_counter() - t0)
 """
 
 
-def bench_cold_start(pkg: str, runs: int = 5) -> dict:
+def bench_cold_start(pkg: str, runs: int = 11) -> dict:
     """Seconds from a new process to the first output: wall time of the child, and its own import->output."""
     out = {}
     # What `pip install` does: byte-compile the runtime. An editable install under PYTHONDONTWRITEBYTECODE

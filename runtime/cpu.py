@@ -209,6 +209,20 @@ def _dlopen_bytes(data: bytes, name: str) -> Any:
             os.close(h)
 
 
+def _thread_setting(num_threads: int | None, fixed: bool) -> int:
+    """What ``aotc_set_num_threads`` takes: n > 0 at most n threads, adapting; 0 the default (every core),
+    adapting; -n exactly n."""
+    if num_threads is not None and (
+        not isinstance(num_threads, int) or isinstance(num_threads, bool) or not 0 <= num_threads <= MAX_THREADS
+    ):
+        raise UsageError(
+            f"num_threads must be an int from 0 to {MAX_THREADS} (0 or None: every core the process may use), got {num_threads!r}"
+        )
+    if fixed and not num_threads:
+        raise UsageError("fixed_threads needs a thread count (num_threads >= 1)")
+    return -int(num_threads or 0) if fixed else int(num_threads or 0)
+
+
 class CpuExecutor:
     """One loaded CPU library with its weights; ``run`` is thread-safe (calls are serialised).
 
@@ -227,12 +241,7 @@ class CpuExecutor:
         num_threads: int | None = None,
         fixed_threads: bool = False,
     ) -> None:
-        if num_threads is not None and (
-            not isinstance(num_threads, int) or isinstance(num_threads, bool) or not 0 <= num_threads <= MAX_THREADS
-        ):
-            raise UsageError(
-                f"num_threads must be an int from 0 to {MAX_THREADS} (0 or None: every core the process may use), got {num_threads!r}"
-            )
+        threads = _thread_setting(num_threads, fixed_threads)
         if target.abi_version != ABI_VERSION:
             raise IncompatiblePackage(
                 f"{target.library} uses aotc C ABI version {target.abi_version}; this runtime speaks version "
@@ -261,10 +270,7 @@ class CpuExecutor:
             raise IncompatiblePackage(
                 f"{target.library} reports aotc ABI version {got}, the manifest says {target.abi_version}: rebuild the package"
             )
-        if fixed_threads and not num_threads:
-            raise UsageError("fixed_threads needs a thread count (num_threads >= 1)")
-        # aotc_set_num_threads: n > 0 at most n, adapting; 0 the default, adapting; -n exactly n.
-        self._threads = -int(num_threads or 0) if fixed_threads else int(num_threads or 0)
+        self._threads = threads
         self._lib.aotc_set_num_threads(self._threads)
         self._lock = threading.Lock()
         self._arena = aligned_empty(0)
@@ -273,6 +279,17 @@ class CpuExecutor:
         self._in = _ffi.new("void*[]", max(self._n_in, 1))
         self._out = _ffi.new("void*[]", max(self._n_out, 1))
         self._syms = _ffi.new("int64_t[]", max(len(self._symbols), 1))
+
+    @property
+    def num_threads(self) -> int | None:
+        """The thread setting: at most this many threads per call (None: every core the process may use)."""
+        return abs(self._threads) or None
+
+    def set_threads(self, num_threads: int | None, fixed_threads: bool = False) -> None:
+        """Change the thread count after loading; calls from the next one on use it (``__init__`` says how)."""
+        threads = _thread_setting(num_threads, fixed_threads)
+        with self._lock:
+            self._threads = threads
 
     # -- the Executor protocol used by aotc.model --
 

@@ -10,7 +10,6 @@ What it is not: a CPUID decoder. Linux reports what the kernel and hypervisor en
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 # Flags (as /proc/cpuinfo names them) that the compiler may use at each level (see the x86-64 psABI).
 _V2 = ("cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3")
@@ -23,14 +22,16 @@ LEVELS = tuple(LEVEL_FEATURES)  # lowest first
 @functools.lru_cache(maxsize=4)
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     """The flags of the first CPU listed (empty when there is no /proc/cpuinfo or no "flags" line)."""
+    # Read only up to the first "flags" line: the kernel writes the file CPU by CPU as it is read, and on a
+    # server with a hundred cores the whole of it takes milliseconds of every cold start.
     try:
-        text = Path(cpuinfo).read_text(errors="replace")
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(value.split())
     except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
+        pass
     return frozenset()
 
 

@@ -25,9 +25,8 @@ import struct
 import threading
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +44,11 @@ from .schema import (
     strict_json,
 )
 from .schema import numpy_dtype as _np_dtype
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:
+    from .records import dataclass  # no methods compiled at import (see aotc.records)
 
 # ---- the ZIP records (shared with the writer, aotc_build.package) -----------------------------------------
 LOCAL = struct.Struct("<IHHHHHIIIHH")  # sig ver flags method time date crc csize usize nlen xlen

@@ -48,8 +48,8 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import field
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -62,6 +62,11 @@ from .reader import bad as _bad
 from .reader import plain, read
 from .reader import size as _size
 from .shapes import Size
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:
+    from .records import dataclass  # the same frozen dataclasses, without compiling 96 methods at import
 
 FORMAT = "aotc"
 FORMAT_VERSION = 4  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;

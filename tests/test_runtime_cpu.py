@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import os
 import re
+import subprocess
 import sys
 import threading
 import types
@@ -401,6 +402,28 @@ def test_thread_pool_counts_agree_and_unload_joins_workers(tmp_path: Path, aotc_
             assert tasks() == before + 2  # the caller works too: two workers
         model.close()
         assert tasks() == before
+    # Set after loading: the count changes from the next call on, the same bits at every count.
+    p = Package(pkg)
+    ex = cpu.CpuExecutor(p, cpu.select_target(p.manifest.cpu_targets))
+    model = aotc.Model(p, ex)
+    assert ex.num_threads is None
+    for threads, fixed in ((1, False), (3, True), (2, False), (None, False)):
+        ex.set_threads(threads, fixed_threads=fixed)
+        assert ex.num_threads == threads
+        outs += [np.asarray(model(x)) for _ in range(2)]
+    # With another process keeping a core busy: a worker is descheduled now and then, its chunks are taken
+    # by the others, and the result is still the same bits.
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for threads, fixed in ((3, True), (2, True), (None, False)):
+            ex.set_threads(threads, fixed_threads=fixed)
+            outs += [np.asarray(model(x)) for _ in range(5)]
+    finally:
+        busy.kill()
+        busy.wait()
+    with pytest.raises(UsageError, match="num_threads"):
+        ex.set_threads(-2)
+    model.close()
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
     with pytest.raises(UsageError, match="fixed_threads"):

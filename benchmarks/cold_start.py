@@ -1,0 +1,105 @@
+"""Cold start of a CPU package: new process -> import numpy, aotc -> load -> first output, idle and with one busy core.
+
+    python benchmarks/cold_start.py PKG [--runs 11] [--baseline PYTHON:PKG] [--out FILE.json]
+
+Each run is a fresh interpreter that times itself from before ``import numpy`` to the first output (the
+figure benchmarks/cpu_side_by_side.py reports as ``import_to_output_s``) and each phase on the way: numpy,
+aotc's import, ``aotc.load`` (hashes, dlopen) and the first call; wall and CPU seconds (all threads).
+``--baseline PYTHON:PKG`` also times another runtime (e.g. an older checkout's venv python with a package
+it built), interleaved run by run with this one, so both see the same load. The busy process is
+``while True: pass``, unpinned, as in cpu_side_by_side.py. Prints (and with --out writes) JSON with the
+medians and the load average; build the MLP package with
+``python benchmarks/cpu_contention.py --build-only --models mlp --pkg-dir DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+CHILD = """
+import sys, time
+marks = [(time.perf_counter(), time.process_time())]
+import numpy as np
+marks.append((time.perf_counter(), time.process_time()))
+import aotc
+marks.append((time.perf_counter(), time.process_time()))
+m = aotc.load(sys.argv[1], device="cpu")
+marks.append((time.perf_counter(), time.process_time()))
+x = np.zeros([d if isinstance(d, int) else 1 for d in m.inputs[0].shape], np.dtype(m.inputs[0].dtype))
+y = m(x)
+marks.append((time.perf_counter(), time.process_time()))
+names = ("numpy", "import_aotc", "load", "first_call")
+out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])}
+out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
+print(repr(out))
+"""
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[None]:
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        p.kill()
+        p.wait()
+
+
+def run_once(python: str, pkg: str) -> dict[str, list[float]]:
+    r = subprocess.run([python, "-c", CHILD, pkg], capture_output=True, text=True, check=True)
+    return ast.literal_eval(r.stdout.strip().splitlines()[-1])
+
+
+def medians(runs: list[dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    def med(k: str, i: int) -> float:
+        return round(statistics.median(r[k][i] for r in runs), 4)
+
+    return {k: {"wall_s": med(k, 0), "cpu_s": med(k, 1)} for k in runs[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("pkg", type=Path)
+    ap.add_argument("--runs", type=int, default=11)
+    ap.add_argument("--baseline", default=None, help="PYTHON:PKG, another runtime and its package, timed interleaved")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    # What `pip install` does: byte-compile the runtime (an editable install under PYTHONDONTWRITEBYTECODE
+    # would otherwise recompile aotc in every new process).
+    import aotc
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(aotc.__file__).parent)], capture_output=True, check=False)
+    sides = {"this": (sys.executable, str(args.pkg))}
+    if args.baseline:
+        python, pkg = args.baseline.split(":", 1)
+        sides["baseline"] = (python, pkg)
+        compile_it = "import aotc, compileall, os; compileall.compile_dir(os.path.dirname(aotc.__file__), quiet=1)"
+        subprocess.run([python, "-c", compile_it], check=False)
+    doc: dict = {"runs": args.runs, "cores": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg()}
+    for state, ctx in (("idle", contextlib.nullcontext), ("one_core_busy", busy_core)):
+        got: dict[str, list] = {k: [] for k in sides}
+        with ctx():
+            for _ in range(args.runs):
+                for k, (python, pkg) in sides.items():
+                    got[k].append(run_once(python, pkg))
+        doc[state] = {k: medians(v) for k, v in got.items()}
+        print(state, json.dumps({k: v["import_to_output"] for k, v in doc[state].items()}), flush=True)
+    doc["loadavg_end"] = os.getloadavg()
+    print(json.dumps(doc, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
