@@ -201,13 +201,20 @@ def run(
                 raise InputMismatch(f"input {name!r} given twice")
             feeds[name] = arr
         results = {k: model.executor.to_host(v) for k, v in model.run(feeds).items()}
-        if model.fallback:
-            click.echo(f"note: CUDA not used: {model.fallback}", err=True)
+        _notes(model)
         for name, arr in results.items():
             click.echo(f"{name}: {arr.dtype.name}{list(arr.shape)}")
         if out is not None:
             _write_npz(out, results)
             click.echo(f"wrote {out}")
+
+
+def _notes(model: Model) -> None:
+    if model.fallback:
+        click.echo(f"note: CUDA not used: {model.fallback}", err=True)
+    jit = getattr(model.executor, "note", None)  # CUDA through the driver's JIT (aotc.cuda_ptx)
+    if jit:
+        click.echo(f"note: {jit}", err=True)
 
 
 @cli.command(epilog=_EPILOG)
@@ -221,8 +228,7 @@ def verify(package: Path, device: str, trusted_key: tuple[str, ...], require_sig
         st = model.manifest.selftest
         checks = model.verify()
         assert st is not None  # verify() refuses packages without one
-        if model.fallback:
-            click.echo(f"note: CUDA not used: {model.fallback}", err=True)
+        _notes(model)
         click.echo(f"self-test on {model.target} (rtol={st.rtol:g}, atol={st.atol:g})")
         for c in checks:
             status = "ok" if c.ok else "FAIL"

@@ -184,10 +184,10 @@ class Param:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One cubin: a compiled Triton function and what launching it needs."""
+    """One cubin (and its PTX): a compiled Triton function and what launching it needs."""
 
     name: str  # the function's name inside the cubin
-    member: str  # package member holding the cubin
+    member: str | None  # package member holding the cubin (None: PTX only, for the driver's JIT)
     params: tuple[Param, ...]  # every PTX parameter, scratch pointers last
     num_warps: int
     shared: int  # dynamic shared memory bytes
@@ -202,6 +202,8 @@ class Kernel:
     enable_fp_fusion: bool = True
     ptxas_version: str = ""
     source: str | None = None  # package member holding the Triton source (for inspection only)
+    # The PTX the cubin was assembled from: the driver JIT-compiles it on a GPU no cubin runs on (aotc.cuda).
+    ptx: str | None = None
 
     @property
     def num_args(self) -> int:
@@ -339,7 +341,7 @@ class Manifest:
         out = [self.weights.member, *(t.library for t in self.cpu_targets)]
         out += [t.packed.member for t in self.cpu_targets if t.packed is not None]
         for t in self.cuda_targets:
-            out += [p for k in t.kernels for p in (k.member, k.source) if p is not None]
+            out += [p for k in t.kernels for p in (k.member, k.source, k.ptx) if p is not None]
         if self.selftest is not None:
             out.append(self.selftest.member)
         return out
@@ -635,7 +637,9 @@ def _check_cuda(m: Manifest, t: CudaTarget, where: str, declared: set[str]) -> N
         at = f"{where}.kernels[{j}]"
         if not _NAME.fullmatch(k.name):
             raise _bad(f"{at}.name", f"{k.name!r} is not a kernel name")
-        for key, path, ext in (("member", k.member, "cubin"), ("source", k.source, "py")):
+        if k.member is None and k.ptx is None:
+            raise _bad(f"{at}.member", "neither a cubin nor PTX: nothing to load")
+        for key, path, ext in (("member", k.member, "cubin"), ("source", k.source, "py"), ("ptx", k.ptx, "ptx")):
             if path is not None and not (member.match(path) and path == f"{path.rsplit('.', 1)[0]}.{ext}"):
                 raise _bad(f"{at}.{key}", f"{path!r} is not a cuda/{t.arch}/<name>.{ext} member")
         for n, p in enumerate(k.params):
