@@ -340,12 +340,32 @@ def compile_many(
         from concurrent.futures import ProcessPoolExecutor
 
         ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold a CUDA context
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_die_with_build, initargs=(os.getpid(),)) as pool:
             futs = {i: pool.submit(_compile_or_message, tks[i], sm, str(cache_dir), enable_fp_fusion) for i in misses}
             for n, (i, f) in enumerate(futs.items(), 1):
                 out[i] = f.result()
                 tell(len(tks) - len(misses) + n, len(tks))
     return [c if c is not None else "not compiled" for c in out]
+
+
+def _die_with_build(build_pid: int) -> None:
+    """In each compile worker: exit when the build is gone. The workers are children of the forkserver, not
+    of the build, and wait on a queue whose both ends they hold, so a build killed with SIGKILL would leave
+    them (and the forkserver, which lives while they do) waiting forever."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(build_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except OSError:
+                pass  # alive (or not ours to signal): keep going
+
+    threading.Thread(target=watch, name="aotc-die-with-build", daemon=True).start()
 
 
 def _compile_or_message(tk: tg.TritonKernel, sm: int, cache_dir: str, enable_fp_fusion: bool) -> Compiled | str:

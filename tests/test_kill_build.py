@@ -151,3 +151,44 @@ def test_kill_9_during_build(tmp_path: Path) -> None:
         assert not list(tmp_path.glob(".out.pkg.*.tmp")), "the last build left (or did not clean) temporary files"
     finally:
         server.close()
+
+
+def _marked(mark: str) -> list[str]:
+    """Processes whose environment holds ``AOTC_KILL_MARK=mark``: a build and everything it started."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if f"AOTC_KILL_MARK={mark}".encode() in (p / "environ").read_bytes().split(b"\0"):
+                    cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ")[:120].decode(errors="replace")
+                    out.append(f"{p.name}: {cmd}")
+            except OSError:
+                continue
+    return out
+
+
+@pytest.mark.slow
+def test_kill_9_while_triton_compiles(tmp_path: Path) -> None:
+    """The Triton compile workers (a forkserver pool: not children of the build) exit when the build is
+    killed, and so the forkserver; every kernel misses the (empty) cache, so the pool is running."""
+    pytest.importorskip("triton")
+    (tmp_path / "new.py").write_text(MODEL.format(out=8))
+    mark = f"{os.getpid()}-{random.random()}"
+    env = {**os.environ, "AOTC_CACHE_DIR": str(tmp_path / "cache"), "AOTC_KILL_MARK": mark}
+    cmd = [sys.executable, "-c", "from aotc.__main__ import main; main()", "build", "new.py", "-o", "out.pkg",
+           "--target", "cuda:sm_90", "--no-selftest", "-q"]  # fmt: skip
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not any("forkserver" in c for c in _marked(mark)):
+            assert p.poll() is None, "the build ended before its compile pool started"
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 20
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _marked(mark), _marked(mark)
+    assert not (tmp_path / "out.pkg").exists()
