@@ -219,6 +219,7 @@ def test_cli(pkgs: dict[str, Path], keys: dict[str, Path], tmp_path: Path) -> No
         (["verify", unsigned, "--require-signature"], 2, "needs the keys to trust"),
         (["verify", str(tampered), "--trusted-key", a], 10, "does not match the package"),
         (["bench", signed, "--trusted-key", b, "-n", "1"], 10, "not a trusted key"),
+        (["serve", unsigned, "--trusted-key", a, "--http-port", "0", "--grpc-port", "-1"], 10, "is not signed"),
         (["inspect", str(tampered)], 10, "INVALID"),
         (["inspect", unsigned, "--require-signature", "--trusted-key", a], 10, "is not signed"),
         (["sign", str(corrupt), "--key", str(keys["a"]), "-o", str(tmp_path / "x.pkg")], 3, "refusing to sign"),
