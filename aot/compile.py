@@ -140,7 +140,7 @@ def compile_cpp(source: str, target: Target, options: BuildOptions, cache_dir: P
         src, out = build / "model.cpp", build / "model.so"
         src.write_text(source)
         cmd = _command(key, flags)
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=build)
+        proc = run_tied(cmd, cwd=build)
         if proc.returncode != 0 or not out.is_file():
             errors = [ln for ln in proc.stderr.splitlines() if ln.strip()][:MAX_ERROR_LINES]
             raise CompileError(
@@ -157,6 +157,26 @@ def compile_cpp(source: str, target: Target, options: BuildOptions, cache_dir: P
         tmp.write_bytes(so)
         os.replace(tmp, cached)
     return CompiledLibrary(so, cmd, version, flags, needed, key, glibc)
+
+
+# The compiler runs under `sh` in a process group of its own, beside a watcher that waits for EOF on a pipe
+# whose write end only this process holds: when this process ends in any way (kill -9 included), the
+# kernel closes that end and the watcher kills the whole group (g++, cc1plus, as, ld), so no compiler
+# outlives the build. No preexec_fn (unsafe with threads) and no race: a parent already gone is EOF at once.
+_TIED = 'w=$1; shift; (read _ <&"$w"; kill -KILL 0) & watcher=$!; "$@" & wait $!; rc=$?; kill "$watcher" 2>/dev/null; exit $rc'
+
+
+def run_tied(cmd: tuple[str, ...] | list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd)`` (output captured, text) whose process tree dies with this process."""
+    r, w = os.pipe()  # both ends close-on-exec: only the read end is passed on, to the watcher
+    try:
+        return subprocess.run(
+            ["sh", "-c", _TIED, "sh", str(r), *cmd], capture_output=True, text=True, check=False, cwd=cwd,
+            pass_fds=(r,), start_new_session=True, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        os.close(r)
+        os.close(w)  # the watcher sees EOF and kills what is left of the group (nothing, normally)
 
 
 def _build_dir(key: str) -> Path:

@@ -69,18 +69,20 @@ class Compiled:
     enable_fp_fusion: bool
     triton_version: str
     ptxas_version: str
+    ptx: str = ""  # the PTX ptxas assembled the cubin from: packages carry it for the driver's JIT (aotc.cuda_ptx)
 
-    def kernel(self, member: str, source: str | None, kinds: list[str]) -> schema.Kernel:
-        """The manifest's entry for this cubin, stored at ``member`` with its Triton source at ``source``;
-        ``kinds`` are the launch arguments' parameter kinds (the scratch pointers Triton appends follow)."""
+    def kernel(self, member: str, source: str | None, kinds: list[str], ptx: str | None = None) -> schema.Kernel:
+        """The manifest's entry for this cubin, stored at ``member`` with its Triton source at ``source`` and
+        its PTX at ``ptx``; ``kinds`` are the launch arguments' parameter kinds (the scratch pointers Triton
+        appends follow)."""
         all_kinds = [*kinds, *schema.SCRATCH[: len(self.ptx_params) - self.num_args]]
         params = tuple(schema.Param(k, b) for k, b in zip(all_kinds, self.ptx_params, strict=True))
-        return schema.Kernel(member=member, source=source, params=params, **{f: getattr(self, f) for f in _KERNEL_FIELDS})
+        return schema.Kernel(member=member, source=source, ptx=ptx, params=params, **{f: getattr(self, f) for f in _KERNEL_FIELDS})
 
 
 # The launch facts a compiled kernel shares, by name, with its manifest entry: taken from the dataclasses,
 # so a field added to both flows through without another copy line here.
-_KERNEL_FIELDS = tuple(sorted({f.name for f in fields(Compiled)} & {f.name for f in fields(schema.Kernel)}))
+_KERNEL_FIELDS = tuple(sorted(({f.name for f in fields(Compiled)} & {f.name for f in fields(schema.Kernel)}) - {"ptx"}))
 
 
 # ---- facts read from the toolchain and its outputs ---------------------------------------------------
@@ -241,6 +243,7 @@ def compile_source(
         enable_fp_fusion=bool(md.enable_fp_fusion),
         triton_version=tv,
         ptxas_version=pv,
+        ptx=ptx,
     )
     for i, (kind, width) in enumerate(zip(signature.values(), params, strict=False)):
         if kind == "constexpr":
@@ -270,10 +273,14 @@ def _read_cache(entry: Path) -> Compiled | None:
     try:
         meta = json.loads(entry.with_suffix(".json").read_text())
         cubin = entry.with_suffix(".cubin").read_bytes()
+        ptx = entry.with_suffix(".ptx").read_text()  # an entry written before packages carried PTX has none
     except (OSError, ValueError):
         return None
     if hashlib.sha256(cubin).hexdigest() != meta.pop("cubin_sha256", None):
         return None
+    if hashlib.sha256(ptx.encode()).hexdigest() != meta.pop("ptx_sha256", None):
+        return None
+    meta["ptx"] = ptx
     meta["ptx_params"] = tuple(meta["ptx_params"])
     meta["cluster_dims"] = tuple(meta["cluster_dims"])
     return Compiled(cubin=cubin, **meta)
@@ -281,9 +288,11 @@ def _read_cache(entry: Path) -> Compiled | None:
 
 def _write_cache(entry: Path, c: Compiled) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
-    meta = {k: v for k, v in asdict(c).items() if k != "cubin"}
+    meta = {k: v for k, v in asdict(c).items() if k not in ("cubin", "ptx")}
     meta["cubin_sha256"] = hashlib.sha256(c.cubin).hexdigest()
-    for suffix, data in ((".cubin", c.cubin), (".json", json.dumps(meta, sort_keys=True).encode())):
+    meta["ptx_sha256"] = hashlib.sha256(c.ptx.encode()).hexdigest()
+    # the .json last: it is what marks the entry complete
+    for suffix, data in ((".cubin", c.cubin), (".ptx", c.ptx.encode()), (".json", json.dumps(meta, sort_keys=True).encode())):
         fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=entry.name, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -331,12 +340,32 @@ def compile_many(
         from concurrent.futures import ProcessPoolExecutor
 
         ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold a CUDA context
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_die_with_build, initargs=(os.getpid(),)) as pool:
             futs = {i: pool.submit(_compile_or_message, tks[i], sm, str(cache_dir), enable_fp_fusion) for i in misses}
             for n, (i, f) in enumerate(futs.items(), 1):
                 out[i] = f.result()
                 tell(len(tks) - len(misses) + n, len(tks))
     return [c if c is not None else "not compiled" for c in out]
+
+
+def _die_with_build(build_pid: int) -> None:
+    """In each compile worker: exit when the build is gone. The workers are children of the forkserver, not
+    of the build, and wait on a queue whose both ends they hold, so a build killed with SIGKILL would leave
+    them (and the forkserver, which lives while they do) waiting forever."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(build_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except OSError:
+                pass  # alive (or not ours to signal): keep going
+
+    threading.Thread(target=watch, name="aotc-die-with-build", daemon=True).start()
 
 
 def _compile_or_message(tk: tg.TritonKernel, sm: int, cache_dir: str, enable_fp_fusion: bool) -> Compiled | str:
@@ -431,10 +460,11 @@ def build_cuda_target(
             if isinstance(c, str):
                 raise CompileError(c)
             versions.add(c.ptxas_version)
-            member, source = f"cuda/{target.arch}/{name}.cubin", f"cuda/{target.arch}/{name}.py"
+            member, source, ptx = (f"cuda/{target.arch}/{name}.{ext}" for ext in ("cubin", "py", "ptx"))
             members[member] = c.cubin
             members[source] = tk.source.encode()
-            pk = by_body[body] = c.kernel(member, source, kinds)
+            members[ptx] = c.ptx.encode()
+            pk = by_body[body] = c.kernel(member, source, kinds, ptx)
             kernels.append(pk)
         args = []
         for p, kind in zip(tk.params, kinds, strict=True):

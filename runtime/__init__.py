@@ -18,6 +18,7 @@ from .errors import (
     InputMismatch,
     PackageCorrupt,
     UnsupportedOp,
+    UntrustedPackage,
     UsageError,
     VerifyFailed,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "Model",
     "PackageCorrupt",
     "UnsupportedOp",
+    "UntrustedPackage",
     "UsageError",
     "VerifyFailed",
     "__version__",

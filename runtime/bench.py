@@ -21,7 +21,7 @@ from typing import Any
 import click
 import numpy as np
 
-from .cli_group import device_option, refusals
+from .cli_group import device_option, refusals, trust_options, trusted_keys
 from .errors import UsageError
 from .model import Model, load
 from .schema import TensorSpec
@@ -128,10 +128,10 @@ def _pct(times: list[float], q: float) -> float:
 
 def run_bench(
     path: Path, device: str = "auto", threads: int | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
-    files: dict[str, np.ndarray] | None = None, warmup: int = 10, iterations: int = 100,
+    files: dict[str, np.ndarray] | None = None, warmup: int = 10, iterations: int = 100, keys: list[str] | None = None,
 ) -> BenchResult:  # fmt: skip
     t0 = time.perf_counter()
-    model = load(path, device=device, num_threads=threads)
+    model = load(path, device=device, num_threads=threads, trusted_keys=keys)
     load_ms = (time.perf_counter() - t0) * 1e3
     host = make_inputs(model, shapes or {}, files or {})
     ex = model.executor
@@ -178,12 +178,14 @@ def run_bench(
 @click.option("--iterations", "-n", type=click.IntRange(min=1), default=100, show_default=True, help="Timed calls.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @device_option
+@trust_options
 def bench(
     package: Path, inputs: tuple[str, ...], shapes: tuple[str, ...], threads: int | None, warmup: int, iterations: int,
-    as_json: bool, device: str,
+    as_json: bool, device: str, trusted_key: tuple[str, ...], require_signature: bool,
 ) -> None:  # fmt: skip
     """Time PACKAGE here: load, first call, p50/p90/p99 and throughput."""
     with refusals():
+        keys = trusted_keys(require_signature, trusted_key)
         if not package.exists():
             raise UsageError(f"{package} does not exist")
         dims = parse_shapes(shapes)
@@ -196,7 +198,7 @@ def bench(
                 files[name] = np.load(file, allow_pickle=False)
             except (OSError, ValueError) as e:
                 raise UsageError(f"--input {name}: cannot read {file} as a .npy file: {e}") from None
-        r = run_bench(package, device, threads, dims, files, warmup, iterations)
+        r = run_bench(package, device, threads, dims, files, warmup, iterations, keys)
         if as_json:
             click.echo(json.dumps(asdict(r), indent=1, sort_keys=True))
         else:

@@ -21,9 +21,9 @@ import click
 import numpy as np
 
 from . import __version__, inspect_view
-from .cli_group import Group
+from .cli_group import Group, trust_options, trusted_keys
 from .cli_group import refusals as _errors
-from .errors import EXIT_CODES, InputMismatch, PackageCorrupt, UsageError, VerifyFailed
+from .errors import EXIT_CODES, InputMismatch, PackageCorrupt, UntrustedPackage, UsageError, VerifyFailed
 from .model import Model, load
 from .package import Package
 from .schema import FORMAT_VERSION, to_dict
@@ -183,12 +183,17 @@ def _load_input(spec: str, model: Model) -> tuple[str, np.ndarray]:
 )
 @click.option("--threads", type=int, default=None, help="CPU threads (default: OpenMP's).")
 @_device_option
-def run(package: Path, inputs: tuple[str, ...], out: Path | None, threads: int | None, device: str) -> None:
+@trust_options
+def run(
+    package: Path, inputs: tuple[str, ...], out: Path | None, threads: int | None, device: str,
+    trusted_key: tuple[str, ...], require_signature: bool,
+) -> None:  # fmt: skip
     """Run PACKAGE on .npy inputs; print each output's name, shape and dtype."""
     with _errors():
+        keys = trusted_keys(require_signature, trusted_key)
         if out is not None:
             _check_output(out)
-        model = load(package, device=device, num_threads=threads)
+        model = load(package, device=device, num_threads=threads, trusted_keys=keys)
         feeds: dict[str, np.ndarray] = {}
         for spec in inputs:
             name, arr = _load_input(spec, model)
@@ -196,8 +201,7 @@ def run(package: Path, inputs: tuple[str, ...], out: Path | None, threads: int |
                 raise InputMismatch(f"input {name!r} given twice")
             feeds[name] = arr
         results = {k: model.executor.to_host(v) for k, v in model.run(feeds).items()}
-        if model.fallback:
-            click.echo(f"note: CUDA not used: {model.fallback}", err=True)
+        _notes(model)
         for name, arr in results.items():
             click.echo(f"{name}: {arr.dtype.name}{list(arr.shape)}")
         if out is not None:
@@ -205,18 +209,26 @@ def run(package: Path, inputs: tuple[str, ...], out: Path | None, threads: int |
             click.echo(f"wrote {out}")
 
 
+def _notes(model: Model) -> None:
+    if model.fallback:
+        click.echo(f"note: CUDA not used: {model.fallback}", err=True)
+    jit = getattr(model.executor, "note", None)  # CUDA through the driver's JIT (aotc.cuda_ptx)
+    if jit:
+        click.echo(f"note: {jit}", err=True)
+
+
 @cli.command(epilog=_EPILOG)
 @click.argument("package", type=click.Path(path_type=Path))
 @_device_option
-def verify(package: Path, device: str) -> None:
+@trust_options
+def verify(package: Path, device: str, trusted_key: tuple[str, ...], require_signature: bool) -> None:
     """Run PACKAGE's self-test here and compare with the eager outputs recorded at build time."""
     with _errors():
-        model = load(package, device=device)
+        model = load(package, device=device, trusted_keys=trusted_keys(require_signature, trusted_key))
         st = model.manifest.selftest
         checks = model.verify()
         assert st is not None  # verify() refuses packages without one
-        if model.fallback:
-            click.echo(f"note: CUDA not used: {model.fallback}", err=True)
+        _notes(model)
         click.echo(f"self-test on {model.target} (rtol={st.rtol:g}, atol={st.atol:g})")
         for c in checks:
             status = "ok" if c.ok else "FAIL"
@@ -230,16 +242,31 @@ def verify(package: Path, device: str) -> None:
 @cli.command(epilog=_EPILOG)
 @click.argument("package", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest and member status as JSON.")
-def inspect(package: Path, as_json: bool) -> None:
-    """Show what PACKAGE holds and check every member's sha256 (exit 3 if any mismatches)."""
+@trust_options
+def inspect(package: Path, as_json: bool, trusted_key: tuple[str, ...], require_signature: bool) -> None:
+    """Show what PACKAGE holds, its signature, and check every member's sha256 (exit 3 if any mismatches,
+    10 if its signature does not match it)."""
     with _errors():
-        pkg = Package(package)
+        keys = trusted_keys(require_signature, trusted_key)
+        trusted: tuple[Any, ...] = ()
+        if keys is not None:
+            from .signing import public_keys
+
+            trusted = public_keys(keys)
+        pkg = Package(package, trusted or None)
         m = pkg.manifest
         status = {name: ("ok" if pkg.check(name) else "MISMATCH") for name in m.members}
+        signature, forged = _signature_state(pkg, trusted)
         if as_json:
             click.echo(
                 json.dumps(
-                    {"manifest": to_dict(m), "member_status": status, "size": pkg.size, "summary": inspect_view.summary(pkg)},
+                    {
+                        "manifest": to_dict(m),
+                        "member_status": status,
+                        "signature": signature,
+                        "size": pkg.size,
+                        "summary": inspect_view.summary(pkg),
+                    },
                     indent=1,
                     sort_keys=True,
                 )
@@ -247,9 +274,48 @@ def inspect(package: Path, as_json: bool) -> None:
         else:
             for line in inspect_view.lines(pkg, status):
                 click.echo(line)
+            click.echo(f"signature: {signature}")
         bad = [n for n, s in status.items() if s != "ok"]
         if bad:
             raise PackageCorrupt(f"{package}: sha256 mismatch in {', '.join(bad)}; copy it again or rebuild it")
+        if forged:
+            raise UntrustedPackage(f"{package}: signature {signature}")
+
+
+def _signature_state(pkg: Package, trusted: tuple[Any, ...]) -> tuple[str, bool]:
+    from . import signing
+    from .schema import MANIFEST
+
+    e = pkg.entries[MANIFEST]
+    return signing.describe(pkg._mm, signing.ranges(pkg.entries), pkg._mm[e.offset : e.offset + e.size], trusted)
+
+
+@cli.command(epilog=_EPILOG)
+@click.argument("key", type=click.Path(dir_okay=False, path_type=Path))
+def keygen(key: Path) -> None:
+    """Make an ed25519 key pair for signing packages: KEY (private, mode 0600) and KEY.pub (give this one to
+    the machines that run the packages). Needs pip install 'aotc[sign]'."""
+    with _errors():
+        from .signing import keygen as make_key
+
+        pub = make_key(key)
+        click.echo(f"wrote {key} (private: keep it secret) and {key}.pub (public), key id {pub.key_id}")
+
+
+@cli.command(epilog=_EPILOG)
+@click.argument("package", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--key", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The private key (aotc keygen).")
+@click.option(
+    "-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), help="Write the signed package here (default: in place)."
+)
+def sign(package: Path, key: Path, out: Path | None) -> None:
+    """Sign PACKAGE with KEY (ed25519): checks every member's hash first, then adds a signature over the
+    manifest and the ZIP records, replacing any signature it had. Needs pip install 'aotc[sign]'."""
+    with _errors():
+        from .signing import sign as sign_package
+
+        pub = sign_package(package, key, out)
+        click.echo(f"signed {out or package} with key {pub.key_id}")
 
 
 def _more_commands() -> None:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .errors import AotcError
+from .errors import AotcError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +57,28 @@ def refusals() -> Iterator[None]:
     except KeyboardInterrupt:
         click.echo("aotc: interrupted", err=True)
         sys.exit(130)  # what a shell reports for SIGINT
+
+
+def trust_options(f: F) -> F:
+    """``--trusted-key`` (repeatable; default: the files in $AOTC_TRUSTED_KEYS) and ``--require-signature``."""
+    f = click.option(
+        "--require-signature", is_flag=True,
+        help="Refuse to start without trusted keys (fails closed where AOTC_TRUSTED_KEYS is unset).",
+    )(f)  # fmt: skip
+    return click.option(
+        "--trusted-key", "trusted_key", multiple=True, envvar="AOTC_TRUSTED_KEYS", show_envvar=True,
+        type=click.Path(dir_okay=False, path_type=str),
+        help="A public key (.pub) the package must be signed by; repeatable, any one suffices.",
+    )(f)  # fmt: skip
+
+
+def trusted_keys(require: bool, keys: tuple[str, ...]) -> list[str] | None:
+    """The keys ``aotc.load`` must check the package against (None: no check)."""
+    if keys:
+        return list(keys)
+    if require:
+        raise UsageError("--require-signature needs the keys to trust: --trusted-key KEY.pub, or AOTC_TRUSTED_KEYS")
+    return None
 
 
 def device_option(f: F) -> F:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import shapes
+from . import cuda_ptx, shapes
 from .cuda_arrays import Checked, check_elf, device_ptr, host_array
 from .cuda_arrays import nbytes as size_of
 from .cuda_driver import (
@@ -43,9 +43,11 @@ from .cuda_driver import (
 )
 from .cuda_graph import Graphs
 from .cuda_launch import Call, Region, Slot, launch_all, names, pack, repack, up
-from .errors import AotcError, DeviceError, IncompatiblePackage, InputMismatch, PackageCorrupt
+from .errors import AotcError, IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
 from .schema import SCRATCH, CudaTarget, Kernel, Manifest, Ref, TensorSpec, dtype_name
 from .schema import numpy_dtype as np_dtype
+
+JIT_COMPILER_NOT_FOUND = 221
 
 __all__ = ["CudaExecutor", "DeviceArray", "available", "device_info", "np_dtype", "open_executor", "pick_target"]
 
@@ -81,22 +83,31 @@ def runs_on(arch: str, dev: Device) -> bool:
 def pick_target(targets: Sequence[CudaTarget], device: int = 0) -> CudaTarget | None:
     """The CUDA target that runs on GPU ``device``, or None when there is none to choose from.
 
-    Raises ``IncompatiblePackage`` when there is no libcuda, no cubin for this GPU's arch, or the driver is
-    older than the cubins need."""
+    Raises ``IncompatiblePackage`` when there is no libcuda, no cubin (nor PTX) for this GPU's arch, or the
+    driver is older than the cubins need."""
+    return choose(targets, device)[0]
+
+
+def choose(targets: Sequence[CudaTarget], device: int = 0) -> tuple[CudaTarget | None, bool]:
+    """``pick_target``, and whether the target runs through the driver's JIT: a target whose cubins run on
+    this GPU first; else one whose PTX compiles for it (``aotc.cuda_ptx``)."""
     if not targets:
-        return None
+        return None, False
     drv = driver()
     dev = drv.device(device)
-    fits = [t for t in targets if runs_on(t.arch, dev)]
-    if not fits:
-        have = ", ".join(sorted(t.arch for t in targets))
-        raise IncompatiblePackage(
-            f"the package has CUDA code for {have}, but GPU {device} ({dev.name}) is {dev.arch}: "
-            f"rebuild with `aotc build --target cuda:{dev.arch}`"
-        )
-    t = max(fits, key=lambda t: (t.sm == dev.sm, t.sm))
-    _check_driver(t, drv)
-    return t
+    fits = [t for t in targets if runs_on(t.arch, dev) and all(k.member is not None for k in t.kernels)]
+    if fits:
+        t = max(fits, key=lambda t: (t.sm == dev.sm, t.sm))
+        _check_driver(t, drv)
+        return t, False
+    jit = [t for t in targets if cuda_ptx.has_ptx(t) and cuda_ptx.jit_runs_on(t.arch, dev)]
+    if jit:
+        return max(jit, key=lambda t: (t.sm == dev.sm, t.sm)), True
+    have = ", ".join(sorted(t.arch for t in targets))
+    raise IncompatiblePackage(
+        f"the package has CUDA code for {have}, but GPU {device} ({dev.name}) is {dev.arch} and no cubin or PTX "
+        f"of the package runs on it: rebuild with `aotc build --target cuda:{dev.arch}`"
+    )
 
 
 def _check_driver(t: CudaTarget, drv: Driver) -> None:
@@ -113,10 +124,10 @@ def open_executor(package: Any, device: str = "cuda") -> CudaExecutor:
     """The executor for ``aotc.load``: the package's CUDA target for this GPU, its checked cubins and weights."""
     ordinal = int(device.split(":", 1)[1]) if ":" in device else 0
     m: Manifest = package.manifest
-    t = pick_target(m.cuda_targets, ordinal)
+    t, jit = choose(m.cuda_targets, ordinal)
     if t is None:
         raise IncompatiblePackage("the package has no CUDA target: rebuild with --target cuda:sm_NN")
-    return CudaExecutor(m, t, package.read, package.weights(), device=ordinal)
+    return CudaExecutor(m, t, package.read, package.weights(), device=ordinal, jit=jit)
 
 
 # ---- the executor ------------------------------------------------------------------------------------
@@ -158,7 +169,10 @@ class CudaExecutor:
         device: int = 0,
         graphs: bool = True,
         debug_sync: bool = False,
+        jit: bool = False,
     ) -> None:
+        """``jit``: load the kernels' PTX (the driver compiles it) instead of their cubins; implied when the
+        target holds no cubins."""
         self.manifest, self.cuda = manifest, target
         self.drv = drv = driver()
         self.dev = drv.device(device)
@@ -168,12 +182,18 @@ class CudaExecutor:
         self.debug_sync = debug_sync
         self._lock = threading.Lock()
         self._closed = True
-        if not runs_on(target.arch, self.dev):
+        stripped = any(k.member is None for k in target.kernels)
+        self.jit = jit or stripped
+        if not (cuda_ptx.jit_runs_on if self.jit else runs_on)(target.arch, self.dev):
             raise IncompatiblePackage(
                 f"this CUDA target is {target.arch} but GPU {device} ({self.dev.name}) is {self.dev.arch}: "
                 f"rebuild with `aotc build --target cuda:{self.dev.arch}`"
             )
-        _check_driver(target, drv)
+        if self.jit and not cuda_ptx.has_ptx(target):
+            raise IncompatiblePackage(f"the {target.arch} target has kernels with neither a cubin nor PTX: rebuild the package")
+        if not self.jit:
+            _check_driver(target, drv)
+        self.note = cuda_ptx.note(target, self.dev, stripped) if self.jit else None
         drv.context(self.dev)
         self._ffi, self._lib = drv.ffi, drv.lib
         s = drv.ffi.new("CUstream *")
@@ -215,18 +235,25 @@ class CudaExecutor:
     # -- loading
 
     def _load(self, k: Kernel, read: Callable[[str], bytes]) -> Any:
-        try:
-            image = read(k.member)
-        except KeyError:
-            raise PackageCorrupt(f"package member {k.member!r} (kernel {k.name}) is missing") from None
-        check_elf(image, self.cuda.sm, k)
         drv, ffi, lib = self.drv, self._ffi, self._lib
+        member = k.ptx if self.jit else k.member
+        assert member is not None  # __init__ chose jit where a cubin is missing, and checked the PTX is there
+        try:
+            image = read(member)
+        except KeyError:
+            raise PackageCorrupt(f"package member {member!r} (kernel {k.name}) is missing") from None
+        if self.jit:
+            cuda_ptx.check_ptx(image, self.cuda, k, self.dev, drv)
+            image += b"\0"  # the driver reads PTX as a C string
+        else:
+            check_elf(image, self.cuda.sm, k)
         mod = ffi.new("CUmodule *")
         r = lib.cuModuleLoadData(mod, ffi.from_buffer(image))
-        if r in NO_BINARY:
+        if r in NO_BINARY or (self.jit and r == JIT_COMPILER_NOT_FOUND):
+            what = f"compile PTX {member} for it" if self.jit else f"load cubin {member}: it was built by ptxas {k.ptxas_version}"
             raise IncompatiblePackage(
-                f"the driver cannot load cubin {k.member} ({drv.error_name(r)}): it was built for {self.cuda.arch} "
-                f"by ptxas {k.ptxas_version}, GPU is {self.dev.arch} with driver {drv.version}"
+                f"the driver cannot {what} ({drv.error_name(r)}); the target is {self.cuda.arch}, GPU {self.dev.name} is "
+                f"{self.dev.arch} with driver {drv.version}: update the driver, or rebuild with `aotc build --target cuda:{self.dev.arch}`"
             )
         drv.check(r, "cuModuleLoadData", k.name)
         self._modules.append(mod[0])
@@ -385,7 +412,7 @@ class CudaExecutor:
     ) -> list[Any]:  # fmt: skip
         with self._lock:
             if self._closed:
-                raise DeviceError("this CudaExecutor was closed")
+                raise UsageError("this model was closed; load the package again")
             self.drv.guard()
             self.drv.context(self.dev)
             b = self._bind(env, out_shapes)
@@ -424,6 +451,8 @@ class CudaExecutor:
         ev = ffi.new("CUevent[2]")
         out: list[tuple[str, float]] = []
         with self._lock:
+            if self._closed:
+                raise UsageError("this model was closed; load the package again")
             drv.context(self.dev)
             b = self._bound[tuple(env[s.name] for s in self.manifest.symbols)]
             for i in range(2):
@@ -566,7 +595,16 @@ class CudaExecutor:
         self.drv.check(self._lib.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     def close(self) -> None:
-        """Free the GPU memory, graphs, modules and stream now (also done when the executor is collected)."""
+        """Free the GPU memory, graphs, modules and stream now (also done when the executor is collected).
+        A call in flight on another thread holds the lock: close waits for it to finish, and later calls
+        raise UsageError, so memory in use is never freed under a kernel."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            self._release()
+
+    def _release(self) -> None:
         if getattr(self, "_closed", True):
             return
         self._closed = True

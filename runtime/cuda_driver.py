@@ -129,6 +129,7 @@ MEMORYTYPE_DEVICE = 2
 MEMORYTYPE_UNIFIED = 4
 # Faults after which the context cannot be used again (the CUDA docs: "the process must be terminated").
 STICKY = {700, 702, 710, 714, 715, 716, 717, 718, 719}
+OUT_OF_MEMORY = 2
 NO_BINARY = {209, 218, 222}  # NO_BINARY_FOR_GPU, INVALID_PTX, UNSUPPORTED_PTX_VERSION
 
 
@@ -274,6 +275,9 @@ class Driver:
         self.guard()
         p = self.ffi.new("CUdeviceptr *")
         r = self.lib.cuMemAlloc_v2(p, max(1, nbytes))
+        if r == OUT_OF_MEMORY:  # not sticky: the model stays usable once memory is free again
+            hint = "the GPU is out of memory: free some (other models or processes) or pass smaller inputs, then call again"
+            raise self.error(r, f"cuMemAlloc of {nbytes:,} bytes for {what}", hint=hint)
         if r:
             raise self.error(r, f"cuMemAlloc of {nbytes} bytes for {what}")
         return int(p[0])

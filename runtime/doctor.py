@@ -137,6 +137,14 @@ def _builder() -> list[Check]:
     return out
 
 
+def _signing() -> Check:
+    v = _version("cryptography")
+    if v is None:
+        return Check("signatures", "note", "cryptography not installed: signed packages cannot be checked or made here",
+                     "pip install 'aotc[sign]'")  # fmt: skip
+    return Check("signatures", "ok", f"cryptography {v}: aotc keygen/sign and --trusted-key work")
+
+
 def _cache(env: str | None) -> Check:
     path = Path(env) if env else Path.home() / ".cache" / "aotc"
     origin = "AOTC_CACHE_DIR" if env else "default; set AOTC_CACHE_DIR to move it"
@@ -154,7 +162,7 @@ def _cache(env: str | None) -> Check:
 
 def diagnose(cache_env: str | None) -> list[Check]:
     runtime = Check("aotc", "ok", f"{__version__}, package format version {FORMAT_VERSION}, Python {platform.python_version()}")
-    return [runtime, *_cpu(), _openmp(), *_cuda(), _compiler(), *_builder(), _cache(cache_env)]
+    return [runtime, *_cpu(), _openmp(), *_cuda(), _compiler(), *_builder(), _signing(), _cache(cache_env)]
 
 
 @click.command()

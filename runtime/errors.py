@@ -67,6 +67,13 @@ class DeviceError(AotcError):
     exit_code = 9
 
 
+class UntrustedPackage(AotcError):
+    """A signature was required and the package is unsigned, signed by a key not trusted, or changed after
+    signing (``trusted_keys=`` / ``--require-signature``; docs/safety.md)."""
+
+    exit_code = 10
+
+
 EXIT_CODES = {
     cls.__name__: cls.exit_code
     for cls in (
@@ -80,5 +87,6 @@ EXIT_CODES = {
         CompileError,
         VerifyFailed,
         DeviceError,
+        UntrustedPackage,
     )
 }

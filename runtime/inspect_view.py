@@ -60,13 +60,14 @@ def _kernels(m: Manifest, pkg: Package, t: CpuTarget | CudaTarget) -> list[dict[
         launches.setdefault(launch.kernel, []).append("(" + ", ".join(m.pretty(g) for g in launch.grid) + ")")
     rows = []
     for k in t.kernels:
-        member = m.members.get(k.member)
+        code = k.member or k.ptx or ""
+        member = m.members.get(code)
         rows.append(
             {
                 "name": k.name,
                 "target": f"cuda:{t.arch}",
                 "launch": f"grid {' | '.join(launches.get(k.name, ['-']))}, block {k.num_warps * 32}, shared {k.shared:,} B",
-                "code": k.member,
+                "code": code,
                 "code_bytes": member.size if member is not None else None,
             }
         )

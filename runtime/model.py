@@ -55,12 +55,19 @@ class Executor(Protocol):
         ...
 
 
-def load(path: str | Path, device: str = "auto", num_threads: int | None = None) -> Model:
+def load(
+    path: str | Path,
+    device: str = "auto",
+    num_threads: int | None = None,
+    trusted_keys: Sequence[str | os.PathLike[str] | bytes] | None = None,
+) -> Model:
     """Open a package and prepare it to run.
 
     device: "auto" (CUDA when the package has a target for this GPU and the driver loads, else CPU),
     "cpu", "cuda" or "cuda:N". num_threads: at most this many threads per call on the CPU target (None:
-    every core), fewer while other processes keep cores busy.
+    every core), fewer while other processes keep cores busy. trusted_keys: public key files (or PEM
+    bytes); when given, the package must be signed by one of them (``aotc sign``), else UntrustedPackage
+    before its manifest is read (needs ``pip install 'aotc[sign]'``).
     """
     if not isinstance(path, str | os.PathLike):
         raise UsageError(f"aotc.load takes a package path (str or os.PathLike), got {type(path).__name__}")
@@ -71,7 +78,12 @@ def load(path: str | Path, device: str = "auto", num_threads: int | None = None)
         raise UsageError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
     if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool)):
         raise UsageError(f"num_threads must be an int or None, got {type(num_threads).__name__} {num_threads!r}")
-    package = Package(path)
+    keys = None
+    if trusted_keys is not None:
+        from .signing import public_keys
+
+        keys = public_keys(trusted_keys)
+    package = Package(path, keys)
     m = package.manifest
     verify_for_load(package)  # every hash this load may rely on, before any code is loaded
     fallback = None

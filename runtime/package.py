@@ -24,7 +24,7 @@ import stat
 import struct
 import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,8 @@ from .schema import numpy_dtype as _np_dtype
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
+
+    from .signing import PublicKey
 else:
     from .records import dataclass  # no methods compiled at import (see aotc.records)
 
@@ -253,7 +255,9 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
 class Package:
     """An opened package: checked structure and manifest; members handed out only after their hash matched."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, trusted_keys: Sequence[PublicKey] | None = None) -> None:
+        """``trusted_keys``: when given, the package must be signed by one of them (``aotc.signing``),
+        checked before the manifest is parsed; ``signer`` is then the key that signed it."""
         self.path = Path(path)
         self._mm = _map(self.path)
         self.size = len(self._mm)
@@ -266,6 +270,11 @@ class Package:
         if me.size > MAX_MANIFEST_BYTES:
             raise _corrupt(self.path, f"{MANIFEST} is {me.size} bytes, over the {MAX_MANIFEST_BYTES} byte limit")
         text = self._mm[me.offset : me.offset + me.size]
+        self.signer: PublicKey | None = None
+        if trusted_keys is not None:  # an unsigned or forged manifest is refused before it is parsed
+            from . import signing
+
+            self.signer = signing.check(self._mm, signing.ranges(self.entries), text, trusted_keys, self.path)
         # The manifest cannot list its own hash; its CRC-32 still catches a flipped digit in a shape.
         if zlib.crc32(text) != me.crc:
             raise _corrupt(self.path, f"{MANIFEST} fails its CRC-32 check")

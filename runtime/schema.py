@@ -10,7 +10,7 @@ writes it.
 
 A manifest (JSON, keys sorted)::
 
-    {"format": "aotc", "format_version": 4,
+    {"format": "aotc", "format_version": 5,
      "model": {"name": "mlp", "source_sha256": "…", "frontend": "torch.export"},
      "build": {"aotc": "0.1.0", "torch": "2.13.0", …},
      "symbols": [{"name": "s0", "label": "batch", "min": 1, "max": 256}],
@@ -69,10 +69,11 @@ else:
     from .records import dataclass  # the same frozen dataclasses, without compiling 96 methods at import
 
 FORMAT = "aotc"
-FORMAT_VERSION = 4  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;
+FORMAT_VERSION = 5  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;
 # 3: a CPU target may carry ``packed`` weights (its own safetensors member);
 # 4: members over HASH_CHUNK bytes list a sha256 per chunk (checked in parallel at load), and every CPU
-#    library carries its own interface (INTERFACE_MARK), which the runtime compares with the manifest
+#    library carries its own interface (INTERFACE_MARK), which the runtime compares with the manifest;
+# 5: every CUDA kernel carries its PTX (for GPUs newer than its cubins), and its cubin member may be absent
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
 HASH_CHUNK = 8 << 20  # members larger than this carry one sha256 per HASH_CHUNK-byte piece, in order
@@ -189,10 +190,10 @@ class Param:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One cubin: a compiled Triton function and what launching it needs."""
+    """One cubin (and its PTX): a compiled Triton function and what launching it needs."""
 
     name: str  # the function's name inside the cubin
-    member: str  # package member holding the cubin
+    member: str | None  # package member holding the cubin (None: PTX only, for the driver's JIT)
     params: tuple[Param, ...]  # every PTX parameter, scratch pointers last
     num_warps: int
     shared: int  # dynamic shared memory bytes
@@ -207,6 +208,8 @@ class Kernel:
     enable_fp_fusion: bool = True
     ptxas_version: str = ""
     source: str | None = None  # package member holding the Triton source (for inspection only)
+    # The PTX the cubin was assembled from: the driver JIT-compiles it on a GPU no cubin runs on (aotc.cuda).
+    ptx: str | None = None
 
     @property
     def num_args(self) -> int:
@@ -344,7 +347,7 @@ class Manifest:
         out = [self.weights.member, *(t.library for t in self.cpu_targets)]
         out += [t.packed.member for t in self.cpu_targets if t.packed is not None]
         for t in self.cuda_targets:
-            out += [p for k in t.kernels for p in (k.member, k.source) if p is not None]
+            out += [p for k in t.kernels for p in (k.member, k.source, k.ptx) if p is not None]
         if self.selftest is not None:
             out.append(self.selftest.member)
         return out
@@ -640,7 +643,9 @@ def _check_cuda(m: Manifest, t: CudaTarget, where: str, declared: set[str]) -> N
         at = f"{where}.kernels[{j}]"
         if not _NAME.fullmatch(k.name):
             raise _bad(f"{at}.name", f"{k.name!r} is not a kernel name")
-        for key, path, ext in (("member", k.member, "cubin"), ("source", k.source, "py")):
+        if k.member is None and k.ptx is None:
+            raise _bad(f"{at}.member", "neither a cubin nor PTX: nothing to load")
+        for key, path, ext in (("member", k.member, "cubin"), ("source", k.source, "py"), ("ptx", k.ptx, "ptx")):
             if path is not None and not (member.match(path) and path == f"{path.rsplit('.', 1)[0]}.{ext}"):
                 raise _bad(f"{at}.{key}", f"{path!r} is not a cuda/{t.arch}/<name>.{ext} member")
         for n, p in enumerate(k.params):

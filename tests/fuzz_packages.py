@@ -1,7 +1,11 @@
 """Fuzz the loader with mutated packages: manifest fields (the ZIP CRCs recomputed, as a forger would),
-member bytes (re-hashed or not) and truncations, each case `aotc verify`-ed in its own forked process.
+member bytes (re-hashed or not), and the file itself (ZIP record fields, raw bytes anywhere, truncation,
+appended bytes), each case `aotc verify`-ed in its own forked process.
 
-    python tests/fuzz_packages.py BASE.pkg N [SEED]     # prints a summary; exit 1 on any crash, hang or traceback
+    python tests/fuzz_packages.py BASE.pkg N [SEED] [ARGS...]   # a summary; exit 1 on any crash, hang or traceback
+
+ARGS are passed to `aotc verify` after the package (e.g. ``--trusted-key KEY.pub`` to fuzz signed packages,
+where every mutation must be refused).
 
 A library whose bytes change is never re-hashed: code replaced along with its hash is outside what a
 package can defend (only signatures can; docs/safety.md). What counts as a failure: a signal (a crash), a
@@ -23,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ALLOWED = {0, 2, 3, 4, 5, 8, 9}
+ALLOWED = {0, 2, 3, 4, 5, 8, 9, 10}
 VALUES: list[Any] = [
     0, 1, -1, 2, 3, 4, 12, 64, 65, 2**31, 2**32 + 1, 2**40, 2**62, 2**63, 2**64, 10**30, -(2**63),
     "s0", "s0*12", "s0*0", "s0-1", "s0//0", "Mod(s0, 0)", "CeilDiv(s0, 0)", "Max(s0, 2**70)", "s0*s0*s0*s0*s0*s0*s0*s0",
@@ -98,16 +102,55 @@ def mutate(d: dict, members: dict[str, bytes], rng: random.Random) -> str | None
     return None
 
 
+ZIP_SIGS = {b"PK\x03\x04": 30, b"PK\x01\x02": 46, b"PK\x05\x06": 22, b"PK\x06\x06": 56, b"PK\x06\x07": 20}
+
+
+def mutate_file(blob: bytearray, rng: random.Random) -> bytearray:
+    """One random change to the laid-out file: a ZIP record's field (sizes, offsets, counts, name lengths,
+    methods, flags) set to a value chosen to mislead, raw bytes anywhere, a truncation or bytes appended."""
+    kind = rng.random()
+    if kind < 0.5:  # a field of a ZIP record
+        records = [(i, n) for sig, n in ZIP_SIGS.items() for i in _find_all(blob, sig)]
+        if records:
+            start, size = rng.choice(records)
+            width = rng.choice([2, 4, 4, 8]) if size > 8 else 2
+            off = start + 4 + rng.randrange(0, max(1, size - 4 - width + 1))
+            old = int.from_bytes(blob[off : off + width], "little")
+            value = rng.choice([0, 1, 2, old + 1, old - 1, old + 64, old * 2, len(blob), 2 ** (8 * width) - 1, 2 ** (8 * width - 1)])
+            blob[off : off + width] = (value % 2 ** (8 * width)).to_bytes(width, "little")
+    elif kind < 0.8:  # raw bytes anywhere
+        for _ in range(rng.randint(1, 8)):
+            blob[rng.randrange(len(blob))] = rng.randrange(256)
+    elif kind < 0.9:
+        del blob[rng.randrange(len(blob)) :]
+    else:
+        blob += bytes(rng.randrange(256) for _ in range(rng.choice([1, 22, 100])))
+    return blob
+
+
+def _find_all(blob: bytearray, sig: bytes) -> list[int]:
+    out, i = [], blob.find(sig)
+    while i >= 0:
+        out.append(i)
+        i = blob.find(sig, i + 1)
+    return out
+
+
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from aotc_build import package as wpkg
 
     base, n = Path(sys.argv[1]), int(sys.argv[2])
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    extra = sys.argv[4:]
     rng = random.Random(seed)
     with zipfile.ZipFile(base) as z:
         d0 = json.loads(z.read("manifest.json"))
         m0 = {x: z.read(x) for x in z.namelist() if x != "manifest.json"}
+        comment = z.comment  # a signature (aotc.signing), kept on every mutant
+    original = base.read_bytes()
+    # With --trusted-key every mutant must be refused: as changed after signing (10) or damaged (3).
+    allowed = {3, 10} if "--trusted-key" in extra else ALLOWED
     failures: list[str] = []
     codes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="aotc-fuzz-") as work:
@@ -116,12 +159,21 @@ def main() -> int:
             for k in range(start, min(n, start + 200)):
                 d, members = json.loads(json.dumps(d0)), dict(m0)
                 text = None
-                for _ in range(rng.choice([1, 1, 1, 2, 3])):
+                whole = rng.random() < 0.3  # the file itself, not its contents
+                for _ in range(0 if whole else rng.choice([1, 1, 1, 2, 3])):
                     text = mutate(d, members, rng) or text
                 raw = (text if text is not None else json.dumps(d)).encode("latin-1", "replace")
+                blob = bytearray(b"".join(wpkg._layout([("manifest.json", raw), *sorted(members.items())])))
+                if comment:
+                    blob[-2:] = len(comment).to_bytes(2, "little")
+                    blob += comment
+                for _ in range(rng.choice([1, 1, 2]) if whole else 0):
+                    blob = mutate_file(blob, rng)
+                if blob == original:
+                    continue  # a mutation that changed nothing (a value set to itself)
                 path = Path(work) / f"{k}.pkg"
-                wpkg._write_atomic(path, wpkg._layout([("manifest.json", raw), *sorted(members.items())]))
-                cases.append({"args": ["verify", str(path)], "env": {}})
+                path.write_bytes(blob)
+                cases.append({"args": ["verify", str(path), *extra], "env": {}})
             r = subprocess.run(
                 [sys.executable, str(Path(__file__).with_name("fork_cli.py"))],
                 input=json.dumps(cases), capture_output=True, text=True, timeout=3600, check=False,
@@ -134,13 +186,13 @@ def main() -> int:
                 codes[str(rc)] = codes.get(str(rc), 0) + 1
                 lines = [ln for ln in err.splitlines() if not ln.startswith("note: ")]
                 one_line = rc == 0 or (len(lines) == 1 and lines[0].startswith("aotc: "))
-                if rc not in ALLOWED or "Traceback" in err or not one_line:
+                if rc not in allowed or "Traceback" in err or not one_line:
                     keep = Path(tempfile.gettempdir()) / f"aotc-fuzz-fail-{seed}-{Path(case['args'][1]).name}"
                     keep.write_bytes(Path(case["args"][1]).read_bytes())
                     failures.append(f"{keep}: exit {rc}: {err[-500:]}")
             for p in Path(work).glob("*.pkg"):
                 p.unlink()
-    print(json.dumps({"cases": n, "seed": seed, "exit_codes": codes, "failures": len(failures)}))
+    print(json.dumps({"cases": sum(codes.values()), "seed": seed, "exit_codes": codes, "failures": len(failures)}))
     for f in failures[:20]:
         print(f)
     return 1 if failures else 0

@@ -56,7 +56,7 @@ def test_doctor_text_and_json(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AOTC_CACHE_DIR", str(tmp_path / "cache"))
     r = CliRunner().invoke(cli, ["doctor"])
     assert r.exit_code == 0, r.output
-    for what in ("aotc", "cpu", "openmp", "compiler", "torch", "triton", "cache"):
+    for what in ("aotc", "cpu", "openmp", "compiler", "torch", "triton", "signatures", "cache"):
         assert any(ln.split()[1:2] == [what] for ln in r.stdout.splitlines()), (what, r.stdout)
     assert f"package format version {FORMAT_VERSION}" in r.stdout and str(tmp_path / "cache") in r.stdout
     checks = json.loads(CliRunner().invoke(cli, ["doctor", "--json"]).stdout)

@@ -107,3 +107,4 @@ def test_example_builds_real_cubins_for_sm80_and_sm90(name: str, tmp_path: Path,
                 image = p.read(k.member)  # hash-checked
                 assert image[:4] == b"\x7fELF" and struct.unpack_from("<H", image, 18)[0] == 190, k.member
                 assert f"sm_{elf_sm(image, k.ptxas_version)}" == t.arch, k.member
+                assert k.ptx is not None and f".target {t.arch}" in p.read(k.ptx).decode(), k.ptx  # sm_90a for sm_90

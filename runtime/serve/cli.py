@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from ..cli_group import trust_options, trusted_keys
 from ..errors import UsageError
 from . import SERVE_DEPS
 
@@ -26,6 +27,7 @@ from . import SERVE_DEPS
 @click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True, help="Seconds shutdown waits for requests in flight.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.option("--access-log", is_flag=True, help="Log every request (JSON lines on stderr).")
+@trust_options
 def serve(
     packages: tuple[str, ...],
     host: str,
@@ -39,12 +41,15 @@ def serve(
     grace: float,
     log_level: str,
     access_log: bool,
+    trusted_key: tuple[str, ...],
+    require_signature: bool,
 ) -> None:
     """Serve PACKAGES ([NAME=]PKG, each named by its file stem by default) over the Open Inference Protocol
     (KServe v2, as Triton Inference Server speaks it) on HTTP and gRPC. Needs pip install 'aotc[serve]'."""
     from ..cli_group import refusals
 
     with refusals():
+        keys = trusted_keys(require_signature, trusted_key)
         try:
             from .server import parse_packages
             from .server import serve as run_server
@@ -59,6 +64,7 @@ def serve(
             host=host, http_port=None if http_port < 0 else http_port, grpc_port=None if grpc_port < 0 else grpc_port,
             max_batch=max_batch, batch_delay_ms=batch_delay_ms, max_request_bytes=int(max_request_mb * (1 << 20)),
             device=device, threads=threads, grace_s=grace, log_level=log_level, access_log=access_log,
+            trusted_keys=None if keys is None else tuple(keys),
         )  # fmt: skip
         run_server(parse_packages(packages), options)
 

@@ -47,6 +47,7 @@ class ServeOptions:
     grace_s: float = 30.0  # how long shutdown waits for requests in flight
     log_level: str = "info"
     access_log: bool = False  # one log line per request
+    trusted_keys: tuple[str, ...] | None = None  # when set, every package must be signed by one of these
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Service:
         self.accepting = False
         self.inflight = 0
         for name, path in packages.items():
-            model = load(path, device=options.device, num_threads=options.threads)
+            model = load(path, device=options.device, num_threads=options.threads, trusted_keys=options.trusted_keys)
             observe = functools.partial(self.metrics.observe_batch, name)
             batcher = Batcher(model, options.max_batch, options.batch_delay_ms / 1000, on_batch=observe)
             self.entries[name] = Entry(name, model, batcher, set())
