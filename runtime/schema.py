@@ -74,6 +74,7 @@ HASH_CHUNK = 8 << 20  # members larger than this carry one sha256 per HASH_CHUNK
 INTERFACE_MARK = b"aotc-interface-1:"  # prefix of the NUL-terminated JSON a CPU library embeds
 MAX_DIM = 1 << 40  # the largest size a symbol's range or a static dimension may name
 MAX_RANK = 64
+RETURNS = ("tuple", "dict")  # ModelInfo.returns
 
 # Manifest dtype names (the values of aotc_build.ir.DType) and their item sizes.
 ITEMSIZE: dict[str, int] = {
@@ -122,6 +123,9 @@ class ModelInfo:
     name: str
     source_sha256: str
     frontend: str = "torch.export"  # what read the model: "torch.export" (a model.py) or "onnx"
+    # What forward() returned, so ``model(x)`` can hand back the same shape: "tuple" (one tensor, a tuple or
+    # a list: outputs by position) or "dict" (a dict, named tuple, dataclass or ModelOutput: by name)
+    returns: str = "tuple"
 
 
 @dataclass(frozen=True)
@@ -490,6 +494,8 @@ def validate(m: Manifest) -> None:
     """Cross-field checks; raises PackageCorrupt naming the first bad field."""
     if m.format_version != FORMAT_VERSION:
         raise _bad("format_version", f"{m.format_version}, this aotc writes {FORMAT_VERSION}")
+    if m.model.returns not in RETURNS:
+        raise _bad("model.returns", f"{m.model.returns!r} is not one of {', '.join(RETURNS)}")
     for i, s in enumerate(m.symbols):
         if not _NAME.fullmatch(s.name):
             raise _bad(f"symbols[{i}].name", f"{s.name!r} is not an identifier")

@@ -2,7 +2,7 @@
 
 Every ``aotc ...`` line in the README and docs/*.md must parse against the real CLI (its command and
 flags exist, values of the right kind). The ``$ aotc ...`` lines of docs/*.md then run, in order, in a
-folder holding ``mlp.pkg`` built once from examples/mlp.py, and must exit 0 (or the code a trailing
+folder holding ``mlp.pkg`` and ``classifier.pkg`` built once from examples/, and must exit 0 (or the code a trailing
 ``# exit N`` names); ``aotc build`` lines only parse (the one build here proves building). Python blocks
 of docs/ run there too; the README's compile (they name packages this test does not build)."""
 
@@ -78,12 +78,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, aotc_cache: Path) -> Path:
     (d / "examples").symlink_to(ROOT / "examples")
     np.save(d / "x.npy", np.random.default_rng(0).standard_normal((4, 256), dtype=np.float32))
     np.save(d / "wrong.npy", np.zeros((4, 100), np.float32))
+    np.save(d / "x64.npy", np.ones((4, 256)))  # float64: refused without --cast
     old, env = Path.cwd(), os.environ.get("AOTC_CACHE_DIR")
     os.chdir(d)
     os.environ["AOTC_CACHE_DIR"] = str(aotc_cache)
     try:
-        r = CliRunner().invoke(cli, ["build", "examples/mlp.py", "-o", "mlp.pkg", "--quiet"])
-        assert r.exit_code == 0, r.output
+        for name in ("mlp", "classifier"):  # classifier: forward() returns a dict (docs/python-api.md)
+            r = CliRunner().invoke(cli, ["build", f"examples/{name}.py", "-o", f"{name}.pkg", "--quiet"])
+            assert r.exit_code == 0, r.output
     finally:
         os.chdir(old)
         if env is None:
