@@ -115,3 +115,53 @@ def test_docs_python_blocks_run(workdir: Path, monkeypatch: pytest.MonkeyPatch) 
             except ModuleNotFoundError as e:  # an engine aotc serves on (Ray, Triton) but does not install
                 if e.name not in OPTIONAL_ENGINES:
                     raise
+
+
+def _dataclasses_of_the_manifest() -> dict[str, type]:
+    """Manifest and every dataclass reachable through its fields' types."""
+    import dataclasses
+    import typing
+
+    from aotc import schema
+
+    seen: dict[str, type] = {}
+    todo: list[type] = [schema.Manifest]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ in seen:
+            continue
+        seen[cls.__name__] = cls
+        for hint in typing.get_type_hints(cls).values():
+            stack = [hint]
+            while stack:
+                t = stack.pop()
+                if dataclasses.is_dataclass(t) and isinstance(t, type):
+                    todo.append(t)
+                stack.extend(typing.get_args(t))
+    return seen
+
+
+def _documented_fields(text: str) -> dict[str, dict[str, str]]:
+    """``### `Class``` sections of docs/format.md: each table row's field name and type, as written."""
+    out: dict[str, dict[str, str]] = {}
+    for m in re.finditer(r"^### `(\w+)`\n(.*?)(?=^#|\Z)", text, flags=re.S | re.M):
+        rows = re.findall(r"^\| `(\w+)` \| `(.*?)` \| ", m.group(2).replace("\\|", "\x00"), flags=re.M)
+        out[m.group(1)] = {name: t.replace("\x00", "|") for name, t in rows}
+    return out
+
+
+def test_format_doc_matches_the_schema() -> None:
+    """docs/format.md documents every manifest dataclass and field with its type, and nothing else."""
+    import dataclasses
+
+    from aotc import schema
+
+    doc = _documented_fields((ROOT / "docs" / "format.md").read_text())
+    code = {
+        name: {f.name: str(f.type) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        for name, cls in _dataclasses_of_the_manifest().items()
+    }
+    assert sorted(doc) == sorted(code), "dataclasses documented vs in aotc.schema"
+    for name, fields in code.items():
+        assert doc[name] == fields, f"docs/format.md, {name}: fields and types differ from aotc.schema"
+    assert f"(format version {schema.FORMAT_VERSION})" in (ROOT / "docs" / "format.md").read_text()
