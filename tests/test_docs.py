@@ -165,3 +165,42 @@ def test_format_doc_matches_the_schema() -> None:
     for name, fields in code.items():
         assert doc[name] == fields, f"docs/format.md, {name}: fields and types differ from aotc.schema"
     assert f"(format version {schema.FORMAT_VERSION})" in (ROOT / "docs" / "format.md").read_text()
+
+
+class _Fn:
+    """A module around one of aot/torch_calls.py's functions (built lazily: torch is imported only here)."""
+
+    @staticmethod
+    def make(fn):  # type: ignore[no-untyped-def]
+        import torch
+
+        class Fn(torch.nn.Module):
+            def forward(self, x):  # type: ignore[no-untyped-def]
+                return fn(x)
+
+        return Fn()
+
+
+def _aten_ops(cap) -> set[str]:  # type: ignore[no-untyped-def]
+    return {str(n.target).removeprefix("aten.") for n in cap.program.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.slow
+def test_torch_calls_lower_as_docs_ops_says() -> None:
+    """Every torch call docs/ops.md lists by name exports to the aten ops it lists and lowers; every call it
+    lists as not lowered yet still fails with UnsupportedOp (adding an op moves its row)."""
+    import torch
+    from aotc.errors import UnsupportedOp
+    from aotc_build.capture import capture_module
+    from aotc_build.lower.driver import lower_program
+    from aotc_build.torch_calls import CALLS, NOT_YET
+
+    x = torch.randn(2, 8, 16)
+    for c in CALLS:
+        cap = capture_module(_Fn.make(c.fn), (x,))
+        missing = set(c.ops) - _aten_ops(cap)
+        assert not missing, f"{c.call}: exports to {sorted(_aten_ops(cap))}, not {sorted(missing)}"
+        lower_program(cap)
+    for c in NOT_YET:
+        with pytest.raises(UnsupportedOp):
+            lower_program(capture_module(_Fn.make(c.fn), (x,)))
