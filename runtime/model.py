@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
+from .indices import index_error
 from .package import Package
 from .schema import Manifest, Symbol, TensorSpec, dtype_name, nbytes, numpy_dtype
 from .shapes import ShapeExprError, Size, evaluate
@@ -278,19 +279,14 @@ class Model:
         return out
 
     def _check_indices(self, feeds: Mapping[str, Any]) -> None:
-        """Token ids and other table indices in range, where they are on the host (a device array is not
-        copied back to check: the kernels clamp those)."""
+        """Token ids and other table indices in range, where they are on the host (numpy arrays); the CUDA
+        executor checks device-resident ones on the device (``aotc.indices``)."""
         for r in self.manifest.index_ranges:
             v = feeds.get(r.input)
-            if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "iu":
-                lo, hi = int(v.min()), int(v.max())
-                if lo < 0 or hi >= r.size:
-                    bad = lo if lo < 0 else hi
-                    at = [int(i) for i in np.unravel_index(int(np.argmax(v == bad)), v.shape)]
-                    raise InputMismatch(
-                        f"input {r.input!r}: value {bad} at {at} is outside "
-                        f"[0, {r.size}), the rows of the {r.table}; token ids must be below the vocabulary size {r.size}"
-                    )
+            if isinstance(v, np.ndarray):
+                err = index_error(r, v)
+                if err is not None:
+                    raise err
 
     # -- running --
 
