@@ -372,12 +372,12 @@ class Model:
             raise UsageError(f"num_threads applies to CPU targets; this model runs on {self.device}")
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
             raise UsageError(f"num_threads must be a non-negative int or None (every core), got {n!r}")
-        set_threads = getattr(self.executor, "set_num_threads", None)
-        if set_threads is not None:
-            set_threads(n or 0)
+        set_threads = getattr(self.executor, "set_threads", None)
+        if set_threads is not None:  # aotc.cpu's own setter (it also resets what the pool's policy learnt)
+            set_threads(n or None)
             return
-        # The executor hands its count to the library before every call (aotc.cpu.CpuExecutor.run); a fixed
-        # count (negative) stays fixed.
+        # An executor without one hands its count to the library before every call (CpuExecutor.run); a
+        # fixed count (negative) stays fixed.
         ex: Any = self.executor
         with ex._lock:
             ex._threads = -(n or 0) if ex._threads < 0 and n else (n or 0)
