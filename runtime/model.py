@@ -279,8 +279,9 @@ class Model:
         return out
 
     def _check_indices(self, feeds: Mapping[str, Any]) -> None:
-        """Token ids and other table indices in range, where they are on the host (numpy arrays); the CUDA
-        executor checks device-resident ones on the device (``aotc.indices``)."""
+        """Token ids and other table indices in range, where they are on the host (numpy arrays, after the
+        executor's ``accept``: a list of ids counts too); the CUDA executor checks device-resident ones on
+        the device (``aotc.indices``)."""
         for r in self.manifest.index_ranges:
             v = feeds.get(r.input)
             if isinstance(v, np.ndarray):
@@ -301,13 +302,14 @@ class Model:
                 f"model.run({{{', '.join(f'{s.name!r}: ...' for s in self.inputs)}}}), or call model(...) with positional inputs"
             )
         self._check_names(feeds)
-        self._check_indices(feeds)
         arrays, shapes = [], []
         for spec in self.inputs:
             arr, shape, dtype = self.executor.accept(feeds[spec.name], spec)
             self._check_dtype(spec, dtype)
             arrays.append(arr)
             shapes.append(shape)
+        if self.manifest.index_ranges:
+            self._check_indices(dict(zip(self.input_names, arrays, strict=True)))
         key = tuple(shapes)
         bound = self._bindings.get(key)
         if bound is None:

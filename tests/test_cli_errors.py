@@ -208,3 +208,8 @@ def test_token_ids_out_of_range_are_input_mismatch(tmp_path: Path, aotc_cache: P
         assert len(r.stderr.strip().splitlines()) == 1
     np.save(tmp_path / "ids.npy", np.full((2, 8), 99, np.int64))
     assert CliRunner().invoke(cli, ["run", str(pkg), "-i", f"input_ids={tmp_path / 'ids.npy'}"]).exit_code == 0
+    import aotc
+    from aotc.errors import InputMismatch
+
+    with aotc.load(pkg) as model, pytest.raises(InputMismatch, match=r"value 100 at \[1, 0\].*vocabulary size 100"):
+        model([[1] * 8, [100] + [1] * 7])  # ids as a list are checked too (after conversion), not only arrays
