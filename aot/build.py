@@ -232,6 +232,7 @@ class Source:
     output_names: list[str]
     selftest: Callable[[K.Program], tuple[list[tuple[str, np.ndarray]], list[tuple[str, np.ndarray]]]]
     versions: dict[str, str] = field(default_factory=dict)  # the front end's own, for the manifest's build record
+    returns: str = "tuple"  # ModelInfo.returns: "dict" when the model returned its outputs by name
 
 
 def default_cache_dir() -> Path:
@@ -247,7 +248,8 @@ def build_captured(
     # and the C++ channels-last convs (cpp_templates/conv.h) both want.
     graph, prog, fusion_log = compile_graph(cap, seconds, channels_last=True, progress=progress)
     names = _output_names(cap, prog)
-    source = Source(cap.name, cap.source_sha256, "torch.export", names, lambda p: _selftest(cap, p))
+    returns = cap.returns if names == cap.output_names else "tuple"
+    source = Source(cap.name, cap.source_sha256, "torch.export", names, lambda p: _selftest(cap, p), returns=returns)
     return _build_program(graph, prog, fusion_log, source, out_path, options, cache_dir, seconds, progress, sources_dir)
 
 
@@ -296,7 +298,7 @@ def _build_program(
     input_specs = tuple(_spec(prog.labels[b.name], b.dtype, b.shape) for b in prog.inputs)
     input_names = {t.name for t in input_specs}
     manifest = Manifest(
-        model=ModelInfo(source.name, source.sha256, source.frontend),
+        model=ModelInfo(source.name, source.sha256, source.frontend, source.returns),
         build={**_versions(options), **source.versions},
         symbols=tuple(Symbol(s.name, s.label, s.min, s.max) for s in prog.symbols),
         inputs=input_specs,

@@ -37,6 +37,7 @@ class Captured:
     source_sha256: str
     path: Path
     output_names: list[str] = field(default_factory=list)  # from the output pytree: "last_hidden_state", ...
+    returns: str = "tuple"  # "dict" when forward() returned outputs by name (dict, named tuple, dataclass)
 
 
 def _load_module(path: Path) -> Any:
@@ -199,7 +200,12 @@ def capture_module(
     declared = _declared_dims(dynamic_shapes, names)
     try:
         with torch.no_grad():
-            ep = _export(model, inputs, dynamic_shapes, declared, names)
+            try:
+                ep = _export(model, inputs, dynamic_shapes, declared, names)
+            except Exception as e:
+                if not ("not a known type" in str(e) and _register_output_dataclasses(model, inputs)):
+                    raise
+                ep = _export(model, inputs, dynamic_shapes, declared, names)
             ep = ep.run_decompositions(_decompositions())
     except Exception as e:
         raise CaptureError(_explain(e, where)) from None
@@ -212,7 +218,40 @@ def capture_module(
         source_sha256=source_sha256,
         path=where,
         output_names=_output_names(ep),
+        returns=_returns(ep),
     )
+
+
+def _register_output_dataclasses(model: torch.nn.Module, inputs: tuple[Any, ...]) -> bool:
+    """A forward() that returns a dataclass of tensors: register its class with torch.export (the user would
+    have to otherwise) so its fields become named outputs. Runs the model once, eagerly, only after export
+    refused the output; True when there was something to register."""
+    import dataclasses
+
+    out = model(*inputs)
+    cls = type(out)
+    if not (dataclasses.is_dataclass(out) and not isinstance(out, type)):
+        return False
+    try:
+        torch.export.register_dataclass(cls)
+    except ValueError:  # registered already, so not the cause
+        return False
+    log.info("capture: registered the output dataclass %s with torch.export", cls.__qualname__)
+    return True
+
+
+def _returns(ep: Any) -> str:
+    """``"dict"`` when every output sits under a name at the top of the output pytree (a dict, a named tuple, a
+    registered dataclass, a transformers ModelOutput), else ``"tuple"``."""
+    import torch.utils._pytree as pytree
+
+    spec = ep.call_spec.out_spec
+    if spec is None or spec.num_leaves == 0:
+        return "tuple"
+    paths = [p for p, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * spec.num_leaves, spec))[0]]
+    named = all(p and not isinstance(p[0], pytree.SequenceKey) for p in paths)
+    fallback = [f"output{k}" for k in range(len(paths))]  # what _output_names gives when keys collide
+    return "dict" if named and _output_names(ep) != fallback else "tuple"
 
 
 def _output_names(ep: Any) -> list[str]:

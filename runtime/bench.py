@@ -22,9 +22,9 @@ import click
 import numpy as np
 
 from .cli_group import device_option, refusals, trust_options, trusted_keys
-from .errors import UsageError
+from .errors import InputMismatch, UsageError
 from .model import Model, load
-from .schema import TensorSpec
+from .schema import TensorSpec, dtype_name
 from .shapes import evaluate
 
 SPREAD_LIMIT = 1.5  # p90 / p50 above this: the machine was busy, or threads fought for cores
@@ -121,6 +121,32 @@ def _shape_of(model: Model, spec: TensorSpec, shapes: dict[str, tuple[int, ...]]
         raise UsageError(f"cannot size input {spec.name!r} ({model.describe(spec)}): pass --shape {spec.name}:D0xD1...") from None
 
 
+def file_feeds(model: Model, feeds: dict[str, np.ndarray], cast: bool) -> dict[str, np.ndarray]:
+    """Arrays read from .npy files for ``aotc run`` and ``aotc bench``: bfloat16 (which .npy stores as raw
+    2-byte voids) viewed as such, then converted to each input's dtype with ``--cast``, or else refused with
+    an InputMismatch that names the dtypes and the flag."""
+    specs = {s.name: s for s in model.inputs}
+    out = dict(feeds)
+    for name, arr in feeds.items():
+        spec = specs.get(name)
+        if spec is not None and spec.dtype == "bfloat16" and arr.dtype == np.dtype("V2"):
+            import ml_dtypes
+
+            out[name] = arr.view(ml_dtypes.bfloat16)
+    if cast:
+        return model.cast(out)
+    for name, arr in out.items():
+        spec = specs.get(name)
+        got = dtype_name(arr.dtype) or arr.dtype.str
+        same_kind = (arr.dtype.kind in "iu") == spec.dtype.startswith(("int", "uint")) if spec is not None else False
+        if spec is not None and got != spec.dtype and arr.dtype.kind in "fiuV" and same_kind:
+            raise InputMismatch(
+                f"input {name!r}: the file holds {got}, the package takes {spec.dtype} ({model.describe(spec)}); "
+                f"pass --cast to convert it, or save the array as {spec.dtype}"
+            )
+    return out
+
+
 def _pct(times: list[float], q: float) -> float:
     s = sorted(times)
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
@@ -128,12 +154,13 @@ def _pct(times: list[float], q: float) -> float:
 
 def run_bench(
     path: Path, device: str = "auto", threads: int | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
-    files: dict[str, np.ndarray] | None = None, warmup: int = 10, iterations: int = 100, keys: list[str] | None = None,
+    files: dict[str, np.ndarray] | None = None, warmup: int = 10, iterations: int = 100, cast: bool = False,
+    keys: list[str] | None = None,
 ) -> BenchResult:  # fmt: skip
     t0 = time.perf_counter()
     model = load(path, device=device, num_threads=threads, trusted_keys=keys)
     load_ms = (time.perf_counter() - t0) * 1e3
-    host = make_inputs(model, shapes or {}, files or {})
+    host = make_inputs(model, shapes or {}, file_feeds(model, files or {}, cast))
     ex = model.executor
     sync = getattr(ex, "synchronize", None) or (lambda: None)
     to_device = getattr(ex, "to_device", None)
@@ -177,11 +204,12 @@ def run_bench(
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="Untimed calls after the first.")
 @click.option("--iterations", "-n", type=click.IntRange(min=1), default=100, show_default=True, help="Timed calls.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--cast", is_flag=True, help="Convert --input arrays to the package's dtypes (e.g. float32 to bfloat16).")
 @device_option
 @trust_options
 def bench(
     package: Path, inputs: tuple[str, ...], shapes: tuple[str, ...], threads: int | None, warmup: int, iterations: int,
-    as_json: bool, device: str, trusted_key: tuple[str, ...], require_signature: bool,
+    as_json: bool, cast: bool, device: str, trusted_key: tuple[str, ...], require_signature: bool,
 ) -> None:  # fmt: skip
     """Time PACKAGE here: load, first call, p50/p90/p99 and throughput."""
     with refusals():
@@ -198,7 +226,7 @@ def bench(
                 files[name] = np.load(file, allow_pickle=False)
             except (OSError, ValueError) as e:
                 raise UsageError(f"--input {name}: cannot read {file} as a .npy file: {e}") from None
-        r = run_bench(package, device, threads, dims, files, warmup, iterations, keys)
+        r = run_bench(package, device, threads, dims, files, warmup, iterations, cast, keys)
         if as_json:
             click.echo(json.dumps(asdict(r), indent=1, sort_keys=True))
         else:

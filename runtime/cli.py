@@ -182,10 +182,11 @@ def _load_input(spec: str, model: Model) -> tuple[str, np.ndarray]:
     help="Write outputs to exactly this file, as .npz (bfloat16 is stored as raw 2-byte values).",
 )
 @click.option("--threads", type=int, default=None, help="CPU threads (default: OpenMP's).")
+@click.option("--cast", is_flag=True, help="Convert inputs to the package's dtypes (e.g. float32 to bfloat16).")
 @_device_option
 @trust_options
 def run(
-    package: Path, inputs: tuple[str, ...], out: Path | None, threads: int | None, device: str,
+    package: Path, inputs: tuple[str, ...], out: Path | None, threads: int | None, cast: bool, device: str,
     trusted_key: tuple[str, ...], require_signature: bool,
 ) -> None:  # fmt: skip
     """Run PACKAGE on .npy inputs; print each output's name, shape and dtype."""
@@ -200,6 +201,9 @@ def run(
             if name in feeds:
                 raise InputMismatch(f"input {name!r} given twice")
             feeds[name] = arr
+        from .bench import file_feeds
+
+        feeds = file_feeds(model, feeds, cast)
         results = {k: model.executor.to_host(v) for k, v in model.run(feeds).items()}
         _notes(model)
         for name, arr in results.items():

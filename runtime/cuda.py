@@ -44,6 +44,7 @@ from .cuda_driver import (
 from .cuda_graph import Graphs
 from .cuda_launch import Call, Region, Slot, launch_all, names, pack, repack, up
 from .errors import AotcError, IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
+from .indices import DeviceIndexCheck
 from .schema import SCRATCH, CudaTarget, Kernel, Manifest, Ref, TensorSpec, dtype_name
 from .schema import numpy_dtype as np_dtype
 
@@ -206,6 +207,7 @@ class CudaExecutor:
         self._io = Region(drv, "input/output staging")
         self._gscratch = Region(drv, "global scratch")
         self._pscratch = Region(drv, "profile scratch")
+        self._flags = Region(drv, "token-id flags")
         self._bound: OrderedDict[tuple[int, ...], _Bound] = OrderedDict()
         self._graphs = Graphs(drv, self.stream)
         self._checked = Checked()
@@ -226,6 +228,7 @@ class CudaExecutor:
         for k in target.kernels:
             self._funcs[k.name] = self._load(k, read)
         self._weight_ptrs = self._upload(weights)
+        self._ids = DeviceIndexCheck(drv, manifest, self._flags, self._modules)  # device-resident token ids
 
     @property
     def graph_error(self) -> str | None:
@@ -424,6 +427,7 @@ class CudaExecutor:
                     other.packed = []
             keep: list[Any] = []
             ptrs, external, after = self._place(b, inputs, out_shapes, outputs, keep)
+            self._ids.launch(self.stream, inputs, ptrs[self._first["input"] :], b.in_shapes)
             use_graph = self.graphs if graph is None else graph
             plain = not use_graph or self.graph_error is not None or self.debug_sync
             key = (b.key, tuple((name, e[1]) for name, e in external.items()))
@@ -570,10 +574,12 @@ class CudaExecutor:
                     r = lib.cuMemcpyDtoHAsync_v2(host_ptr(self._ffi, a), src, nbytes, stream)
                     drv.check(r, "cuMemcpyDtoHAsync", hint=f"output {t.name}")
                 results.append(a)
+        self._ids.copy_back(stream)
         r = lib.cuStreamSynchronize(stream)
         if r:
             raise drv.error(r, "cuStreamSynchronize", hint=f"after kernels {names(b.calls)}; pass debug_sync=True to name the failing one")
         del keep[:]
+        self._ids.raise_if_bad(b.in_shapes)
         return results
 
     # -- helpers for callers and tests
@@ -615,7 +621,7 @@ class CudaExecutor:
         lib.cuStreamSynchronize(self.stream)
         self._graphs.clear()
         self._pool.close()
-        for r in (self._arena, self._io, self._gscratch, self._pscratch, self._weights_mem):
+        for r in (self._arena, self._io, self._gscratch, self._pscratch, self._weights_mem, self._flags):
             r.release()
         for mod in self._modules:
             lib.cuModuleUnload(mod)

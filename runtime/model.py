@@ -25,8 +25,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
+from .indices import index_error
 from .package import Package
-from .schema import Manifest, Symbol, TensorSpec, nbytes
+from .schema import Manifest, Symbol, TensorSpec, dtype_name, nbytes, numpy_dtype
 from .shapes import ShapeExprError, Size, evaluate
 
 
@@ -290,37 +291,37 @@ class Model:
         return out
 
     def _check_indices(self, feeds: Mapping[str, Any]) -> None:
-        """Token ids and other table indices in range, where they are on the host (a device array is not
-        copied back to check: the kernels clamp those)."""
+        """Token ids and other table indices in range, where they are on the host (numpy arrays, after the
+        executor's ``accept``: a list of ids counts too); the CUDA executor checks device-resident ones on
+        the device (``aotc.indices``)."""
         for r in self.manifest.index_ranges:
             v = feeds.get(r.input)
-            if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "iu":
-                lo, hi = int(v.min()), int(v.max())
-                if lo < 0 or hi >= r.size:
-                    bad = lo if lo < 0 else hi
-                    at = [int(i) for i in np.unravel_index(int(np.argmax(v == bad)), v.shape)]
-                    raise InputMismatch(
-                        f"input {r.input!r}: value {bad} at {at} is outside "
-                        f"[0, {r.size}), the rows of the {r.table}; token ids must be below the vocabulary size {r.size}"
-                    )
+            if isinstance(v, np.ndarray):
+                err = index_error(r, v)
+                if err is not None:
+                    raise err
 
     # -- running --
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Run once; ``feeds`` maps every input name to an array. Returns outputs by name, in order."""
+    def run(self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> dict[str, Any]:
+        """Run once; ``feeds`` maps every input name to an array. Returns the outputs by name, in manifest
+        order, or only ``output_names``, in that order (the package still computes every output: this
+        saves reading back and copying the others, not their kernels)."""
+        pick = None if output_names is None else self._pick_outputs(output_names)
         if not isinstance(feeds, Mapping):
             raise InputMismatch(
                 f"Model.run takes a mapping of input names to arrays, got {type(feeds).__name__}: "
                 f"model.run({{{', '.join(f'{s.name!r}: ...' for s in self.inputs)}}}), or call model(...) with positional inputs"
             )
         self._check_names(feeds)
-        self._check_indices(feeds)
         arrays, shapes = [], []
         for spec in self.inputs:
             arr, shape, dtype = self.executor.accept(feeds[spec.name], spec)
             self._check_dtype(spec, dtype)
             arrays.append(arr)
             shapes.append(shape)
+        if self.manifest.index_ranges:
+            self._check_indices(dict(zip(self.input_names, arrays, strict=True)))
         key = tuple(shapes)
         bound = self._bindings.get(key)
         if bound is None:
@@ -329,10 +330,23 @@ class Model:
             if len(self._bindings) > 256:
                 self._bindings.clear()
         outs = self.executor.execute(arrays, *bound)
+        if pick is not None:
+            return {self.outputs[i].name: outs[i] for i in pick}
         return {spec.name: o for spec, o in zip(self.outputs, outs, strict=True)}
 
+    def _pick_outputs(self, names: Sequence[str]) -> list[int]:
+        if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+            raise UsageError(f"output_names must be a list of output names, e.g. {[self.outputs[0].name]!r}, got {names!r}")
+        index = {s.name: i for i, s in enumerate(self.outputs)}
+        for n in names:
+            if n not in index:
+                raise UsageError(f"unknown output {n!r}; this model's outputs are {', '.join(index)}")
+        return [index[n] for n in names]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Inputs by position (manifest order) and/or name; one output, or a tuple of them in order."""
+        """Inputs by position (manifest order) and/or name. Returns what the model's forward() returned, in
+        arrays: a dict by output name when it returned a dict, named tuple, dataclass or ModelOutput
+        (``manifest.model.returns == "dict"``); otherwise one output, or a tuple of them in order."""
         if len(args) > len(self.inputs):
             raise InputMismatch(f"got {len(args)} positional inputs, this model takes {len(self.inputs)}: {self.signature()}")
         feeds = dict(zip((s.name for s in self.inputs), args, strict=False))
@@ -340,8 +354,60 @@ class Model:
             if k in feeds:
                 raise InputMismatch(f"input {k!r} given both by position and by name")
             feeds[k] = v
-        outs = tuple(self.run(feeds).values())
+        by_name = self.run(feeds)
+        if self.manifest.model.returns == "dict":
+            return by_name
+        outs = tuple(by_name.values())
         return outs[0] if len(outs) == 1 else outs
+
+    @property
+    def input_names(self) -> list[str]:
+        return [s.name for s in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [s.name for s in self.outputs]
+
+    # -- threads --
+
+    @property
+    def num_threads(self) -> int | None:
+        """The CPU thread limit per call (None: every core the process may use); None on a GPU."""
+        get = getattr(self.executor, "num_threads", None)
+        if get is not None or self.device != "cpu":
+            return get
+        n = abs(int(getattr(self.executor, "_threads", 0)))
+        return n or None
+
+    @num_threads.setter
+    def num_threads(self, n: int | None) -> None:
+        """Change the thread limit of a loaded model; takes effect from the next call."""
+        if self.device != "cpu":
+            raise UsageError(f"num_threads applies to CPU targets; this model runs on {self.device}")
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+            raise UsageError(f"num_threads must be a non-negative int or None (every core), got {n!r}")
+        set_threads = getattr(self.executor, "set_threads", None)
+        if set_threads is not None:  # aotc.cpu's own setter (it also resets what the pool's policy learnt)
+            set_threads(n or None)
+            return
+        # An executor without one hands its count to the library before every call (CpuExecutor.run); a
+        # fixed count (negative) stays fixed.
+        ex: Any = self.executor
+        with ex._lock:
+            ex._threads = -(n or 0) if ex._threads < 0 and n else (n or 0)
+
+    # -- explicit conversions --
+
+    def cast(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """``feeds`` with each numpy array converted to its input's dtype, where that is a conversion between
+        floating types (float32 -> bfloat16 rounds to nearest even) or between integer types whose values
+        all fit. The opt-in behind ``--cast``: ``run`` itself never converts."""
+        out = dict(feeds)
+        for spec in self.inputs:
+            v = out.get(spec.name)
+            if isinstance(v, np.ndarray):
+                out[spec.name] = cast_array(spec, v, self.describe(spec))
+        return out
 
     # -- self-test --
 
@@ -358,6 +424,27 @@ class Model:
         return [
             compare(name, self.executor.to_host(got[name]), data[key], st.rtol, st.atol) for name, key in zip(got, st.outputs, strict=True)
         ]
+
+
+def cast_array(spec: TensorSpec, arr: np.ndarray, described: str) -> np.ndarray:
+    """``arr`` as ``spec``'s dtype when the conversion is float to float or int to int (values checked);
+    InputMismatch for anything else (a float to an integer input would drop fractions silently)."""
+    want = numpy_dtype(spec.dtype)
+    if arr.dtype == want:
+        return arr
+    got = dtype_name(arr.dtype) or arr.dtype.str
+    floats = ("float32", "float64", "float16", "bfloat16")
+    if got in floats and spec.dtype in floats:
+        with np.errstate(over="ignore"):
+            return arr.astype(want)
+    if arr.dtype.kind in "iu" and want.kind in "iu":
+        info = np.iinfo(want)
+        if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
+            raise InputMismatch(f"input {spec.name!r}: values outside the range of {spec.dtype} cannot be cast ({described})")
+        return arr.astype(want)
+    raise InputMismatch(
+        f"input {spec.name!r}: cannot cast {got} to {spec.dtype} ({described}); only float to float and int to int are cast"
+    )
 
 
 def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> OutputCheck:

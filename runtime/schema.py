@@ -1,10 +1,12 @@
-"""The package format: the manifest's dataclasses, its JSON form, and its validation. The one definition.
+"""The package format: the manifest's dataclasses (defined in ``aotc.manifest``, re-exported here), its JSON
+form, and its validation. Import the format from here.
 
-What it is: ``Manifest`` and the small frozen dataclasses it is made of (CPU and CUDA targets included),
-``to_json`` / ``from_json``, and the checks that make a manifest trustworthy before anything reads a member
+What it is: ``to_json`` / ``from_json`` of ``Manifest`` and the small frozen dataclasses it is made of (CPU
+and CUDA targets included; docs/format.md describes each field), and the checks that make a manifest
+trustworthy before anything reads a member
 (every field typed, every size in the grammar of ``aotc.shapes``, every symbol declared and bindable, every
 launch argument matching its kernel's parameters, every referenced member listed). Fields are read by
-``aotc.reader``, driven by the dataclasses below, which refuses unknown fields.
+``aotc.reader``, driven by the dataclasses of ``aotc.manifest``, which refuses unknown fields.
 What it is not: the container. ``aotc.package`` reads the ZIP and checks hashes; ``aotc_build.package``
 writes it.
 
@@ -43,354 +45,96 @@ runtime passes as device pointers, or 0 when their size is 0. Scalars are packed
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import field
-from typing import TYPE_CHECKING, Any, Literal
-
-import numpy as np
+from typing import Any
 
 from . import shapes
 from .cpu_features import LEVEL_FEATURES
 from .cpu_features import LEVELS as CPU_LEVELS  # the levels are defined once, with their features
 from .errors import IncompatiblePackage, PackageCorrupt
+from .manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    HASH_CHUNK,
+    INTERFACE_MARK,
+    ITEMSIZE,
+    MANIFEST,
+    MAX_DIM,
+    MAX_MANIFEST_BYTES,
+    MAX_RANK,
+    PARAM_BYTES,
+    RETURNS,
+    SCALAR_BYTES,
+    SCRATCH,
+    Arg,
+    CpuTarget,
+    CudaTarget,
+    IndexRange,
+    Kernel,
+    Launch,
+    Manifest,
+    Member,
+    ModelInfo,
+    Param,
+    Ref,
+    SelfTest,
+    Slot,
+    Symbol,
+    Target,
+    TensorSpec,
+    Weights,
+    cpu_interface,
+    dtype_name,
+    interface_text,
+    numpy_dtype,
+)
 from .reader import MAX_SIZE as MAX_BYTES  # the largest buffer any size may come to (int64 math in C stays exact)
 from .reader import bad as _bad
 from .reader import plain, read
 from .reader import size as _size
 from .shapes import Size
 
-if TYPE_CHECKING:
-    from dataclasses import dataclass
-else:
-    from .records import dataclass  # the same frozen dataclasses, without compiling 96 methods at import
-
-FORMAT = "aotc"
-FORMAT_VERSION = 5  # 2: CUDA targets typed here, referring to the manifest's inputs/outputs/weights;
-# 3: a CPU target may carry ``packed`` weights (its own safetensors member);
-# 4: members over HASH_CHUNK bytes list a sha256 per chunk (checked in parallel at load), and every CPU
-#    library carries its own interface (INTERFACE_MARK), which the runtime compares with the manifest;
-# 5: every CUDA kernel carries its PTX (for GPUs newer than its cubins), and its cubin member may be absent
-MANIFEST = "manifest.json"
-MAX_MANIFEST_BYTES = 64 << 20
-HASH_CHUNK = 8 << 20  # members larger than this carry one sha256 per HASH_CHUNK-byte piece, in order
-INTERFACE_MARK = b"aotc-interface-1:"  # prefix of the NUL-terminated JSON a CPU library embeds
-MAX_DIM = 1 << 40  # the largest size a symbol's range or a static dimension may name
-MAX_RANK = 64
-
-# Manifest dtype names (the values of aotc_build.ir.DType) and their item sizes.
-ITEMSIZE: dict[str, int] = {
-    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8,
-    "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}  # fmt: skip
-# Bytes of each kind of CUDA kernel parameter: pointers, scalars at their PTX width, Triton's scratch pointers.
-SCALAR_BYTES = {"i1": 1, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}
-SCRATCH = ("global_scratch", "profile_scratch")
-PARAM_BYTES = {"ptr": 8, **SCALAR_BYTES, **dict.fromkeys(SCRATCH, 8)}
-
-
-@functools.cache
-def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a manifest dtype name (little-endian; bfloat16 through ml_dtypes)."""
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    if name not in ITEMSIZE:
-        raise KeyError(name)
-    return np.dtype(name).newbyteorder("<")
-
-
-def dtype_name(dt: np.dtype) -> str | None:
-    """The manifest name of a numpy dtype, or None when the package format has no such dtype."""
-    dt = np.dtype(dt)
-    name = _dtype_names().get(dt)
-    if name is None and dt.name == "bfloat16" and dt == numpy_dtype("bfloat16"):
-        return "bfloat16"  # whoever made a bfloat16 array has imported ml_dtypes already
-    return name
-
-
-@functools.cache
-def _dtype_names() -> dict[np.dtype, str]:
-    # a lookup, not == against each name: comparing with ml_dtypes' bfloat16 costs ~0.1 ms a time. Without
-    # bfloat16: importing ml_dtypes takes ~0.1 s (seconds on a busy machine), most of a cold start.
-    return {numpy_dtype(name): name for name in ITEMSIZE if name != "bfloat16"}
-
-
-# ---- the dataclasses ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str
-    source_sha256: str
-    frontend: str = "torch.export"  # what read the model: "torch.export" (a model.py) or "onnx"
-
-
-@dataclass(frozen=True)
-class Symbol:
-    """A dynamic dimension: its name in size expressions, the user's label and its inclusive range."""
-
-    name: str
-    label: str
-    min: int
-    max: int | None
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """An input, output or weight: name, manifest dtype name, and sizes (ints or grammar strings)."""
-
-    name: str
-    dtype: str
-    shape: tuple[Size, ...]
-
-    @property
-    def is_static(self) -> bool:
-        return all(isinstance(d, int) for d in self.shape)
-
-
-@dataclass(frozen=True)
-class Weights:
-    """The weight blob: one safetensors member; ``tensors`` order is the ABI order."""
-
-    member: str
-    tensors: tuple[TensorSpec, ...]
-
-
-@dataclass(frozen=True)
-class CpuTarget:
-    """A C++/OpenMP shared library for one x86-64 level; runs where ``features`` are all present."""
-
-    level: str
-    features: tuple[str, ...]
-    library: str
-    abi_version: int
-    arena_bytes: Size
-    compiler: str
-    flags: tuple[str, ...]
-    kernels: tuple[str, ...]
-    min_glibc: str = ""  # newest GLIBC_x.y symbol version the library needs ("" for none)
-    # Weights repacked at build time into this level's matmul panel layout; the library takes them after
-    # the manifest's weights, in this order.
-    packed: Weights | None = None
-    kind: str = "cpu"
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of a kernel's PTX ``.entry``: its kind (a key of PARAM_BYTES) and width."""
-
-    kind: str
-    bytes: int
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One cubin (and its PTX): a compiled Triton function and what launching it needs."""
-
-    name: str  # the function's name inside the cubin
-    member: str | None  # package member holding the cubin (None: PTX only, for the driver's JIT)
-    params: tuple[Param, ...]  # every PTX parameter, scratch pointers last
-    num_warps: int
-    shared: int  # dynamic shared memory bytes
-    num_ctas: int = 1
-    cluster_dims: tuple[int, int, int] = (1, 1, 1)
-    global_scratch_size: int = 0
-    global_scratch_align: int = 1
-    profile_scratch_size: int = 0
-    profile_scratch_align: int = 1
-    launch_cooperative_grid: bool = False
-    launch_pdl: bool = False
-    enable_fp_fusion: bool = True
-    ptxas_version: str = ""
-    source: str | None = None  # package member holding the Triton source (for inspection only)
-    # The PTX the cubin was assembled from: the driver JIT-compiles it on a GPU no cubin runs on (aotc.cuda).
-    ptx: str | None = None
-
-    @property
-    def num_args(self) -> int:
-        return sum(1 for p in self.params if p.kind not in SCRATCH)
-
-
-@dataclass(frozen=True)
-class Ref:
-    """The buffer a pointer argument names: a manifest input, output or weight, or an arena slot, by index."""
-
-    group: Literal["input", "output", "weight", "arena"]
-    index: int
-
-
-@dataclass(frozen=True)
-class Arg:
-    """A launch argument: a buffer's device pointer, a size expression, or a literal scalar."""
-
-    kind: str  # "ptr" or a key of SCALAR_BYTES
-    buffer: Ref | None = None
-    expr: Size | None = None
-    value: float | int | bool | None = None
-
-
-@dataclass(frozen=True)
-class Launch:
-    kernel: str
-    grid: tuple[Size, Size, Size]
-    args: tuple[Arg, ...]
-
-
-@dataclass(frozen=True)
-class Slot:
-    """An intermediate buffer at a byte offset in the arena."""
-
-    name: str
-    offset: Size
-
-
-@dataclass(frozen=True)
-class CudaTarget:
-    """Cubins for one SM and the launch sequence that runs them; buffers are the manifest's or arena slots."""
-
-    arch: str  # "sm_90"
-    triton_version: str
-    ptxas_version: str
-    min_driver: int  # the cuDriverGetVersion() value the cubins need
-    precision: str
-    arena_bytes: Size
-    arena: tuple[Slot, ...]
-    kernels: tuple[Kernel, ...]
-    launches: tuple[Launch, ...]
-    kind: str = "cuda"
-
-    @property
-    def sm(self) -> int:
-        return int(self.arch.removeprefix("sm_").rstrip("a"))
-
-    def kernel(self, name: str) -> Kernel:
-        for k in self.kernels:
-            if k.name == name:
-                return k
-        raise KeyError(name)
-
-
-Target = CpuTarget | CudaTarget
-
-
-@dataclass(frozen=True)
-class Member:
-    sha256: str
-    size: int
-    chunks: tuple[str, ...] = ()  # the sha256 of each HASH_CHUNK-byte piece, when size > HASH_CHUNK
-
-
-@dataclass(frozen=True)
-class IndexRange:
-    """An integer input whose values index a table (an embedding's rows): each value must be in [0, size).
-    The runtime checks host arrays before the call, so an out-of-range token id is an InputMismatch naming
-    the input and the size, not a kernel reading row 0 (or past the end)."""
-
-    input: str
-    size: int
-    table: str  # what is indexed, for the message: "embedding weight 'wte.weight'"
-
-
-@dataclass(frozen=True)
-class SelfTest:
-    """Example inputs and eager outputs, by key in a safetensors member, with the comparison tolerances."""
-
-    member: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    rtol: float
-    atol: float
-
-
-@dataclass(frozen=True)
-class Manifest:
-    model: ModelInfo
-    build: Mapping[str, str]
-    symbols: tuple[Symbol, ...]
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    weights: Weights
-    targets: tuple[Target, ...]
-    members: Mapping[str, Member] = field(default_factory=dict)
-    selftest: SelfTest | None = None
-    format_version: int = FORMAT_VERSION
-    index_ranges: tuple[IndexRange, ...] = ()
-
-    @property
-    def cpu_targets(self) -> tuple[CpuTarget, ...]:
-        return tuple(t for t in self.targets if isinstance(t, CpuTarget))
-
-    @property
-    def cuda_targets(self) -> tuple[CudaTarget, ...]:
-        return tuple(t for t in self.targets if isinstance(t, CudaTarget))
-
-    def pretty(self, size: Size) -> str:
-        """A size with symbol names replaced by the user's labels: ``"2*s0"`` -> ``"2*batch"``."""
-        labels = {s.name: s.label for s in self.symbols}
-        return re.sub(r"[A-Za-z_]\w*", lambda t: labels.get(t.group(0), t.group(0)), str(size))
-
-    def describe(self, spec: TensorSpec) -> str:
-        """``float32[batch, 256]``."""
-        return f"{spec.dtype}[{', '.join(self.pretty(d) for d in spec.shape)}]"
-
-    def buffers(self, group: str) -> tuple[Any, ...]:
-        """What a ``Ref`` of ``group`` indexes, for a CUDA target's arena given separately."""
-        return {"input": self.inputs, "output": self.outputs, "weight": self.weights.tensors}[group]
-
-    def referenced_members(self) -> list[str]:
-        """Every member the manifest names: weights, libraries, cubins and their sources, the self-test."""
-        out = [self.weights.member, *(t.library for t in self.cpu_targets)]
-        out += [t.packed.member for t in self.cpu_targets if t.packed is not None]
-        for t in self.cuda_targets:
-            out += [p for k in t.kernels for p in (k.member, k.source, k.ptx) if p is not None]
-        if self.selftest is not None:
-            out.append(self.selftest.member)
-        return out
-
-
-# ---- what a CPU library was built for -----------------------------------------------------------------
-
-
-def interface_text(
-    level: str,
-    symbols: Iterable[tuple[str, int, int | None]],
-    inputs: Iterable[tuple[str, tuple[Size, ...]]],
-    outputs: Iterable[tuple[str, tuple[Size, ...]]],
-    weights: Iterable[tuple[str, tuple[Size, ...]]],
-    arena_bytes: Size,
-) -> str:
-    """The canonical text of a CPU library's interface: everything that decides how many bytes it reads and
-    writes (symbols and ranges, dtypes and shapes of inputs, outputs and weights in ABI order, the arena)
-    and the level it was compiled for. The builder embeds it in the library after INTERFACE_MARK; the
-    runtime compares it with ``cpu_interface`` of the manifest before dlopen, so a manifest that lies about
-    a size is refused instead of letting the code write past a buffer."""
-    doc = {
-        "level": level,
-        "symbols": [[n, lo, hi] for n, lo, hi in symbols],
-        "inputs": [[d, list(s)] for d, s in inputs],
-        "outputs": [[d, list(s)] for d, s in outputs],
-        "weights": [[d, list(s)] for d, s in weights],
-        "arena_bytes": arena_bytes,
-    }
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def cpu_interface(m: Manifest, t: CpuTarget) -> str:
-    """What the manifest says the library of ``t`` was built for, as ``interface_text``."""
-    weights = (*m.weights.tensors, *(t.packed.tensors if t.packed is not None else ()))
-    return interface_text(
-        t.level,
-        ((s.name, s.min, s.max) for s in m.symbols),
-        ((x.dtype, x.shape) for x in m.inputs),
-        ((x.dtype, x.shape) for x in m.outputs),
-        ((x.dtype, x.shape) for x in weights),
-        t.arena_bytes,
-    )
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "HASH_CHUNK",
+    "MANIFEST",
+    "MAX_MANIFEST_BYTES",
+    "INTERFACE_MARK",
+    "MAX_DIM",
+    "MAX_RANK",
+    "ITEMSIZE",
+    "RETURNS",
+    "SCALAR_BYTES",
+    "SCRATCH",
+    "PARAM_BYTES",
+    "numpy_dtype",
+    "dtype_name",
+    "ModelInfo",
+    "Symbol",
+    "TensorSpec",
+    "Weights",
+    "CpuTarget",
+    "Param",
+    "Kernel",
+    "Ref",
+    "Arg",
+    "Launch",
+    "Slot",
+    "CudaTarget",
+    "Target",
+    "Member",
+    "IndexRange",
+    "SelfTest",
+    "Manifest",
+    "interface_text",
+    "cpu_interface",
+    "to_dict", "to_json", "from_dict", "from_json", "strict_json", "check_member_name", "validate",
+    "extreme_envs", "nbytes", "size_at", "MAX_BYTES",
+]  # fmt: skip
 
 
 # ---- JSON ------------------------------------------------------------------------------------------------
@@ -498,6 +242,8 @@ def validate(m: Manifest) -> None:
     """Cross-field checks; raises PackageCorrupt naming the first bad field."""
     if m.format_version != FORMAT_VERSION:
         raise _bad("format_version", f"{m.format_version}, this aotc writes {FORMAT_VERSION}")
+    if m.model.returns not in RETURNS:
+        raise _bad("model.returns", f"{m.model.returns!r} is not one of {', '.join(RETURNS)}")
     for i, s in enumerate(m.symbols):
         if not _NAME.fullmatch(s.name):
             raise _bad(f"symbols[{i}].name", f"{s.name!r} is not an identifier")

@@ -128,6 +128,7 @@ CASES = [
     OpCase("unary_math", lambda: Fn(lambda m, x: torch.exp(-x.abs()) + torch.log(x.abs() + 1) + torch.sqrt(x.abs())
                                     + torch.rsqrt(x.abs() + 0.5) + torch.tanh(x) + torch.sigmoid(x) + torch.erf(x)
                                     + torch.sin(x) * torch.cos(x)), lambda b: (r(b, 5, 17),)),  # fmt: skip
+    OpCase("leaky_relu", lambda: Fn(lambda m, x: F.leaky_relu(x) + F.leaky_relu(x, 0.2)), lambda b: (r(b, 3, 9),)),
     OpCase("hardswish_hardsigmoid_clamp", lambda: Fn(lambda m, x: F.hardswish(x) + F.hardsigmoid(x) + x.clamp(-0.5, 0.7)),
            lambda b: (r(b, 3, 9) * 4,)),  # fmt: skip
     OpCase("binary_broadcast", lambda: Fn(lambda m, x, y: (x * y - x / (y.abs() + 1)) ** 2 + torch.maximum(x, y), ),

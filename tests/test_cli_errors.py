@@ -44,12 +44,23 @@ MODELS = {
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def files(tmp_path_factory: pytest.TempPathFactory, aotc_cache: Path) -> Path:
+    import numpy as np
+
     d = tmp_path_factory.mktemp("cli_errors")
     for name, text in MODELS.items():
         (d / name).write_text(text)
     (d / "afile").write_text("x")
     (d / "adir").mkdir()
+    np.save(d / "x64.npy", np.ones((4, 256)))
+    np.save(d / "xint.npy", np.ones((4, 256), np.int32))
+    np.save(d / "x.npy", np.ones((4, 256), np.float32))
+    np.save(d / "short.npy", np.ones((4, 100), np.float32))
+    np.save(d / "big.npy", np.ones((300, 256), np.float32))
+    with pytest.MonkeyPatch.context() as mp:  # a package for the run/bench cases
+        mp.setenv("AOTC_CACHE_DIR", str(aotc_cache))
+        r = CliRunner().invoke(cli, ["build", MLP, "-o", str(d / "mlp.pkg"), "--quiet"])
+    assert r.exit_code == 0, r.output
     return d
 
 
@@ -90,6 +101,19 @@ CASES = [
     ("inspect not a pkg", ["inspect", "{d}/afile"], 3, ""),
     ("bench missing pkg", ["bench", "{d}/missing.pkg"], 2, "does not exist"),
     ("bench bad --shape", ["bench", "{d}/afile", "--shape", "x:8by128"], 2, "--shape"),
+    ("run float64, no --cast", ["run", "{d}/mlp.pkg", "-i", "x={d}/x64.npy"], 5, "holds float64, the package takes float32"),
+    ("bench float64, no --cast", ["bench", "{d}/mlp.pkg", "-i", "x={d}/x64.npy"], 5, "pass --cast"),
+    ("run --cast int to float", ["run", "{d}/mlp.pkg", "-i", "x={d}/xint.npy", "--cast"], 5, "cannot cast int32 to float32"),
+    ("run int, no --cast", ["run", "{d}/mlp.pkg", "-i", "x={d}/xint.npy"], 5, "got dtype int32, expected float32"),
+    ("run wrong size", ["run", "{d}/mlp.pkg", "-i", "x={d}/short.npy"], 5, "axis 1: got size 100, expected 256"),
+    ("run batch past range", ["run", "{d}/mlp.pkg", "-i", "x={d}/big.npy"], 5, "outside the range [1, 256]"),
+    ("run unknown input", ["run", "{d}/mlp.pkg", "-i", "y={d}/x.npy"], 5, "unknown input 'y'"),
+    ("run missing input", ["run", "{d}/mlp.pkg"], 5, "missing input 'x'"),
+    ("run input not npy", ["run", "{d}/mlp.pkg", "-i", "x={d}/afile"], 2, "cannot read"),
+    ("run -o missing dir", ["run", "{d}/mlp.pkg", "-i", "x={d}/x.npy", "-o", "{d}/nodir/o.npz"], 2, "does not exist"),
+    ("run bad device", ["run", "{d}/mlp.pkg", "-i", "x={d}/x.npy", "--device", "tpu"], 2, "unknown device 'tpu'"),
+    ("bench --threads 0", ["bench", "{d}/mlp.pkg", "--threads", "0"], 2, "--threads"),
+    ("bench unknown --shape", ["bench", "{d}/mlp.pkg", "--shape", "y:4x256"], 2, "no input 'y'"),
 ]
 
 # Model files whose message is several lines (cause, the user's line, the fix): the first line says what.
@@ -184,3 +208,8 @@ def test_token_ids_out_of_range_are_input_mismatch(tmp_path: Path, aotc_cache: P
         assert len(r.stderr.strip().splitlines()) == 1
     np.save(tmp_path / "ids.npy", np.full((2, 8), 99, np.int64))
     assert CliRunner().invoke(cli, ["run", str(pkg), "-i", f"input_ids={tmp_path / 'ids.npy'}"]).exit_code == 0
+    import aotc
+    from aotc.errors import InputMismatch
+
+    with aotc.load(pkg) as model, pytest.raises(InputMismatch, match=r"value 100 at \[1, 0\].*vocabulary size 100"):
+        model([[1] * 8, [100] + [1] * 7])  # ids as a list are checked too (after conversion), not only arrays

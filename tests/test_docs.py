@@ -2,7 +2,7 @@
 
 Every ``aotc ...`` line in the README and docs/*.md must parse against the real CLI (its command and
 flags exist, values of the right kind). The ``$ aotc ...`` lines of docs/*.md then run, in order, in a
-folder holding ``mlp.pkg`` built once from examples/mlp.py, and must exit 0 (or the code a trailing
+folder holding ``mlp.pkg`` and ``classifier.pkg`` built once from examples/, and must exit 0 (or the code a trailing
 ``# exit N`` names); ``aotc build`` lines only parse (the one build here proves building). Python blocks
 of docs/ run there too; the README's compile (they name packages this test does not build)."""
 
@@ -78,12 +78,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, aotc_cache: Path) -> Path:
     (d / "examples").symlink_to(ROOT / "examples")
     np.save(d / "x.npy", np.random.default_rng(0).standard_normal((4, 256), dtype=np.float32))
     np.save(d / "wrong.npy", np.zeros((4, 100), np.float32))
+    np.save(d / "x64.npy", np.ones((4, 256)))  # float64: refused without --cast
     old, env = Path.cwd(), os.environ.get("AOTC_CACHE_DIR")
     os.chdir(d)
     os.environ["AOTC_CACHE_DIR"] = str(aotc_cache)
     try:
-        r = CliRunner().invoke(cli, ["build", "examples/mlp.py", "-o", "mlp.pkg", "--quiet"])
-        assert r.exit_code == 0, r.output
+        for name in ("mlp", "classifier"):  # classifier: forward() returns a dict (docs/python-api.md)
+            r = CliRunner().invoke(cli, ["build", f"examples/{name}.py", "-o", f"{name}.pkg", "--quiet"])
+            assert r.exit_code == 0, r.output
     finally:
         os.chdir(old)
         if env is None:
@@ -113,3 +115,92 @@ def test_docs_python_blocks_run(workdir: Path, monkeypatch: pytest.MonkeyPatch) 
             except ModuleNotFoundError as e:  # an engine aotc serves on (Ray, Triton) but does not install
                 if e.name not in OPTIONAL_ENGINES:
                     raise
+
+
+def _dataclasses_of_the_manifest() -> dict[str, type]:
+    """Manifest and every dataclass reachable through its fields' types."""
+    import dataclasses
+    import typing
+
+    from aotc import schema
+
+    seen: dict[str, type] = {}
+    todo: list[type] = [schema.Manifest]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ in seen:
+            continue
+        seen[cls.__name__] = cls
+        for hint in typing.get_type_hints(cls).values():
+            stack = [hint]
+            while stack:
+                t = stack.pop()
+                if dataclasses.is_dataclass(t) and isinstance(t, type):
+                    todo.append(t)
+                stack.extend(typing.get_args(t))
+    return seen
+
+
+def _documented_fields(text: str) -> dict[str, dict[str, str]]:
+    """``### `Class``` sections of docs/format.md: each table row's field name and type, as written."""
+    out: dict[str, dict[str, str]] = {}
+    for m in re.finditer(r"^### `(\w+)`\n(.*?)(?=^#|\Z)", text, flags=re.S | re.M):
+        rows = re.findall(r"^\| `(\w+)` \| `(.*?)` \| ", m.group(2).replace("\\|", "\x00"), flags=re.M)
+        out[m.group(1)] = {name: t.replace("\x00", "|") for name, t in rows}
+    return out
+
+
+def test_format_doc_matches_the_schema() -> None:
+    """docs/format.md documents every manifest dataclass and field with its type, and nothing else."""
+    import dataclasses
+
+    from aotc import schema
+
+    doc = _documented_fields((ROOT / "docs" / "format.md").read_text())
+    code = {
+        name: {f.name: str(f.type) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        for name, cls in _dataclasses_of_the_manifest().items()
+    }
+    assert sorted(doc) == sorted(code), "dataclasses documented vs in aotc.schema"
+    for name, fields in code.items():
+        assert doc[name] == fields, f"docs/format.md, {name}: fields and types differ from aotc.schema"
+    assert f"(format version {schema.FORMAT_VERSION})" in (ROOT / "docs" / "format.md").read_text()
+
+
+class _Fn:
+    """A module around one of aot/torch_calls.py's functions (built lazily: torch is imported only here)."""
+
+    @staticmethod
+    def make(fn):  # type: ignore[no-untyped-def]
+        import torch
+
+        class Fn(torch.nn.Module):
+            def forward(self, x):  # type: ignore[no-untyped-def]
+                return fn(x)
+
+        return Fn()
+
+
+def _aten_ops(cap) -> set[str]:  # type: ignore[no-untyped-def]
+    return {str(n.target).removeprefix("aten.") for n in cap.program.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.slow
+def test_torch_calls_lower_as_docs_ops_says() -> None:
+    """Every torch call docs/ops.md lists by name exports to the aten ops it lists and lowers; every call it
+    lists as not lowered yet still fails with UnsupportedOp (adding an op moves its row)."""
+    import torch
+    from aotc.errors import UnsupportedOp
+    from aotc_build.capture import capture_module
+    from aotc_build.lower.driver import lower_program
+    from aotc_build.torch_calls import CALLS, NOT_YET
+
+    x = torch.randn(2, 8, 16)
+    for c in CALLS:
+        cap = capture_module(_Fn.make(c.fn), (x,))
+        missing = set(c.ops) - _aten_ops(cap)
+        assert not missing, f"{c.call}: exports to {sorted(_aten_ops(cap))}, not {sorted(missing)}"
+        lower_program(cap)
+    for c in NOT_YET:
+        with pytest.raises(UnsupportedOp):
+            lower_program(capture_module(_Fn.make(c.fn), (x,)))

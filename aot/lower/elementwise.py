@@ -119,6 +119,13 @@ def _clamp(c: Ctx) -> Node:
     return x
 
 
+@lower(aten.leaky_relu.default)
+def _leaky_relu(c: Ctx) -> Node:
+    # where(x > 0, x, x * slope): NaN stays NaN (the comparison is false, and NaN * slope is NaN), as in torch
+    x, dt = c.b.cast(c.arg(0), c.out_dtype), c.out_dtype
+    return c.b.where(c.b.ew(Op.GT, x, 0, dtype=dt), x, c.b.ew(Op.MUL, x, c.arg(1, 0.01), dtype=dt), dt)
+
+
 @lower(aten.gelu.default)
 def _gelu(c: Ctx) -> Node:
     dt, b = c.out_dtype, c.b

@@ -84,7 +84,7 @@ def test_package_on_gpu_matches_eager(name: str) -> None:
             xs.append(_array(ref[f"in.{k}.{i}"]))
             i += 1
         outs = model(*xs)
-        outs = outs if isinstance(outs, tuple) else (outs,)
+        outs = tuple(outs.values()) if isinstance(outs, dict) else outs if isinstance(outs, tuple) else (outs,)
         assert f"out.{k}.{len(outs)}" not in ref, f"{name}: the package returns fewer outputs than eager"
         for j, got in enumerate(outs):  # every output, not only the first
             want = _array(ref[f"out.{k}.{j}"])
