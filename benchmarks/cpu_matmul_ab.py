@@ -48,7 +48,7 @@ def build(name: str, templates: Path, level: str, defines: list[str], work: Path
     lib.ab_mm.argtypes = [i64, i64, i64, f, f, f, f, i, i, i]
     lib.ab_mm.restype = ctypes.c_double
     lib.ab_pack.argtypes = [i64, i64, f, f]
-    lib.ab_micro.argtypes = [i64, i64]
+    lib.ab_micro.argtypes = [i64, i64, i64]
     lib.ab_micro.restype = ctypes.c_double
     lib.ab_peak.argtypes = [i64]
     lib.ab_peak.restype = ctypes.c_double
@@ -95,8 +95,9 @@ def main() -> None:
         for _ in range(3):
             # best of many ~1 ms runs: on a loaded machine some get the core to themselves
             peak = max(next(iter(libs.values())).ab_peak(100000) for _ in range(300))
-            micro = {n: round(max(lib.ab_micro(lib.ab_kc(), 2000) for _ in range(300)), 1) for n, lib in libs.items()}
-            print(f"1 thread, L1: FMA peak {peak:.1f} GFLOP/s, micro-kernel {micro}", flush=True)
+            micro = {n: round(max(lib.ab_micro(lib.ab_kc(), 2000, 1) for _ in range(300)), 1) for n, lib in libs.items()}
+            l2 = {n: round(max(lib.ab_micro(lib.ab_kc(), 2000, 24) for _ in range(300)), 1) for n, lib in libs.items()}
+            print(f"1 thread: FMA peak {peak:.1f} GFLOP/s, micro-kernel {micro} (A in L2: {l2})", flush=True)
     torch = None
     if not args.no_torch:
         import torch

@@ -63,18 +63,19 @@ AB_EXPORT double ab_mm(int64_t M, int64_t N, int64_t K, const float* a, const fl
   return best;
 }
 
-// The micro-kernel alone on one thread, its operands in L1: ``reps`` times an MR x NR block over kc.
-// Returns GFLOP/s.
-AB_EXPORT double ab_micro(int64_t kc, int64_t reps) {
+// The micro-kernel alone on one thread: ``reps`` times an MR x NR block over kc, the B panel in L1 and
+// the A strips taken in turn from ``strips`` of them (1: in L1 too; 24 at kc = 192: 216 KiB, from L2, as
+// in a real call). Returns GFLOP/s.
+AB_EXPORT double ab_micro(int64_t kc, int64_t reps, int64_t strips) {
   constexpr int MR = AOTC_MM_MR, NV = AOTC_MM_NV, NR = AOTC_MM_NR_F32;
-  float* ap = static_cast<float*>(aligned_alloc(64, sizeof(float) * MR * kc + 64));
+  float* ap = static_cast<float*>(aligned_alloc(64, sizeof(float) * MR * kc * strips + 64));
   float* bp = static_cast<float*>(aligned_alloc(64, sizeof(float) * NR * kc + 64));
   alignas(64) float c[MR * NR];
-  for (int64_t i = 0; i < MR * kc; ++i) ap[i] = 1e-3f * (float)(i % 7);
+  for (int64_t i = 0; i < MR * kc * strips; ++i) ap[i] = 1e-3f * (float)(i % 7);
   for (int64_t i = 0; i < NR * kc; ++i) bp[i] = 1e-3f * (float)(i % 5);
   const int64_t t0 = ab_cpu_ns();
   for (int64_t r = 0; r < reps; ++r) {
-    aotc_mm_micro<float, MR, MR, NV>(kc, ap, bp, c, NR, r > 0);
+    aotc_mm_micro<float, MR, MR, NV>(kc, ap + r % strips * MR * kc, bp, c, NR, r > 0);
     __asm__ volatile("" : : "r"(c) : "memory");
   }
   const double s = (double)(ab_cpu_ns() - t0) * 1e-9;
