@@ -11,7 +11,8 @@
 // Structure (GotoBLAS/BLIS): the output is split into MB x NB tiles, one task each of an OpenMP loop over
 // (batch, M-blocks, N-blocks). A task walks K in KC slices: packs its A block into MR-high strips, then for
 // each NR-wide B panel (kept in L1) runs the MR x NR register-blocked micro-kernel over every A strip (in
-// L2), accumulating into a per-thread tile. When K is done, the epilogue functor gets the finished tile
+// L2), accumulating into a per-thread tile. Skinny blocks over a build-time packed B swap the two outer
+// loops (panel_outer in aotc_mm_drive: each panel down all of K, A packed once). When K is done, the epilogue functor gets the finished tile
 // while it is still in cache:  epi(b, m0, mb, n0, nb, tile, ldt)  with
 // Acc(b, m, n) = tile[(m - m0) * ldt + (n - n0)].  The epilogue runs inside the parallel region and
 // must not throw.
@@ -49,13 +50,26 @@
 #ifndef AOTC_MM_NB
 #define AOTC_MM_NB 512  // columns per task at most (a multiple of every NR below)
 #endif
+#ifndef AOTC_MM_A_L2
+#if defined(__AVX512F__)
+#define AOTC_MM_A_L2 (1 << 20)  // bytes of packed A a task keeps in L2 over all of K (the server parts have 1-2 MiB)
+#else
+#define AOTC_MM_A_L2 (1 << 18)  // AVX2 parts: 256 KiB-1 MiB of L2
+#endif
+#endif
+#ifndef AOTC_MM_TASKS_PER_THREAD
+#define AOTC_MM_TASKS_PER_THREAD 16  // at least, when the columns allow (see aotc_mm_drive)
+#endif
 #ifndef AOTC_MM_FLOPS_PER_THREAD
 #define AOTC_MM_FLOPS_PER_THREAD 4000000.0  // ~40 us of one core: less work than this per thread stays serial
 #endif
 
 // K slice: an MR x KC strip of A plus a KC x NR panel of B stay in L1 (48 KiB on the AVX-512 parts, 32 on
-// AVX2 ones). AVX-512: 12 x 2 accumulators of 32 zmm registers, 14 loads per 24 FMAs (8 rows took 10 per
-// 16), and a 24 KiB panel (KC = 256 made it 32 KiB, which with the A strip crowded L1).
+// AVX2 ones). AVX-512: 12 x 2 accumulators of 32 zmm registers, 14 loads per 24 FMAs, and a 24 KiB panel.
+// Measured (benchmarks/cpu_matmul_ab.py, 1 thread, CPU time): the micro-kernel alone runs at 138 GFLOP/s
+// against an FMA-only loop's 160 (86%) whatever the block (12x2, 14x2, 8x2, 8x3, 6x4, 4x6 vectors all
+// 132-138, only a loop without A loads reaches 155), and MR 8/12/14 and KC 128-384 move whole matmuls by
+// less than the noise (1-3%); the AVX2 6 x 2 block runs at 90 of 96 (94%).
 #if defined(__AVX512F__)
 #define AOTC_VBYTES 64
 #define AOTC_MM_MR_DEFAULT 12
@@ -168,12 +182,14 @@ struct aotc_elem<aotc_f16_tag> {
 };
 
 // R x (NV vectors) register block, R <= MR: c[i][j] (+)= sum_k ap[k][i] * bp[k][j]. ``ap`` holds
-// strips of MR rows (k-major), ``bp`` a panel of NR columns (k-major). With ``pf``, each step also
-// prefetches the same row of the next panel, so that panel is in cache when its turn comes (a weight
-// panel streams from memory once per call; this hides that behind the first strip's arithmetic).
+// strips of MR rows (k-major), ``bp`` a panel of NR columns (k-major). With ``pf``, the first ``pfk`` steps
+// each also prefetch one row of ``pf`` (a part of the next panel), so that panel is in cache when its turn
+// comes: a weight panel streams from memory once per call, and this hides that behind arithmetic. The driver
+// spreads a panel's rows over the strips that use the current one: a burst of a whole panel (2 lines per
+// step) in one strip's call outruns the line-fill buffers and stalls the FMAs.
 template <class T, int MR, int R, int NV>
 static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
-                                 int64_t ldc, bool accumulate, const T* pf = NULL) {
+                                 int64_t ldc, bool accumulate, const T* pf = NULL, int64_t pfk = 0) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   constexpr int NR = NV * L;
@@ -187,8 +203,10 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
       else
         acc[i][j] = V{};
     }
+  int64_t k = 0;
   if (pf != NULL) {
-    for (int64_t k = 0; k < kc; ++k) {
+    const int64_t n = pfk < kc ? pfk : kc;
+    for (; k < n; ++k) {
       for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + k * NR) + l);
       V b[NV];
 #pragma GCC unroll 4
@@ -200,10 +218,9 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
         for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
       }
     }
-    kc = 0;  // done
   }
 #pragma GCC unroll 2
-  for (int64_t k = 0; k < kc; ++k) {
+  for (; k < kc; ++k) {
     V b[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) memcpy(&b[j], bp + k * NR + j * L, sizeof(V));
@@ -223,10 +240,26 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
 // The micro-kernel for the last ``rows`` (< MR) rows of a block: no work on the padding rows.
 template <class T, int MR, int NV, int R = MR - 1>
 static inline void aotc_mm_micro_tail(int rows, int64_t kc, const T* ap, const T* bp, T* c, int64_t ldc,
-                                      bool accumulate) {
+                                      bool accumulate, const T* pf, int64_t pfk) {
   if constexpr (R >= 1) {
-    if (rows == R) return aotc_mm_micro<T, MR, R, NV>(kc, ap, bp, c, ldc, accumulate);
-    aotc_mm_micro_tail<T, MR, NV, R - 1>(rows, kc, ap, bp, c, ldc, accumulate);
+    if (rows == R) return aotc_mm_micro<T, MR, R, NV>(kc, ap, bp, c, ldc, accumulate, pf, pfk);
+    aotc_mm_micro_tail<T, MR, NV, R - 1>(rows, kc, ap, bp, c, ldc, accumulate, pf, pfk);
+  }
+}
+
+// Strip s of a block of ``rows`` rows: MR rows from row s * MR, except that a last strip of fewer than
+// MR / 2 rows shares with the one before, as two strips of about (MR + rest) / 2 rows: M = 64 with
+// MR = 12 runs 4 x 12 + 8 + 8, not 5 x 12 + 4 (a 4-row block keeps 8 accumulators, too few to hide the
+// FMA latency, and loads as much B as a full one). The strip count stays ceil(rows / MR).
+static inline void aotc_mm_strip(int64_t rows, int MR, int64_t s, int64_t* r0, int* h) {
+  const int64_t strips = (rows + MR - 1) / MR, rest = rows - (strips - 1) * MR;
+  if (strips >= 2 && 2 * rest < MR && s >= strips - 2) {
+    const int64_t two = MR + rest, first = (two + 1) / 2;
+    *r0 = (strips - 2) * MR + (s == strips - 2 ? 0 : first);
+    *h = (int)(s == strips - 2 ? first : two - first);
+  } else {
+    *r0 = s * MR;
+    *h = (int)(rows - s * MR < MR ? rows - s * MR : MR);
   }
 }
 
@@ -258,6 +291,32 @@ static void aotc_mm_pack(T* __restrict dst, const S* src, int64_t r0, int64_t ro
         for (; w < live; ++w) d[c * W + w] = (T)aotc_elem<S>::load(src, base + (s + w) * sr);
         for (; w < W; ++w) d[c * W + w] = T(0);
       }
+    }
+  }
+}
+
+// Pack rows [m0, m0 + mb) x cols [k0, k0 + kc) of A into the strips of aotc_mm_strip: strip s at
+// dst + s * MR * kc, zero past its rows. A full strip of a row-major A (sak == 1) reads its MR rows side
+// by side and writes each k's MR values together: twice as fast as a row at a time with stores MR apart
+// (2048 x 2048: 2.7 ms, was 5.5), which made BERT's 512 x 256 x 1024 6-10% slower (A is packed on every
+// call, B at build time).
+template <class T, class S, int MR>
+static void aotc_mm_pack_a(T* __restrict dst, const S* src, int64_t m0, int64_t mb, int64_t k0, int64_t kc,
+                           int64_t sam, int64_t sak) {
+  const int64_t strips = (mb + MR - 1) / MR;
+  for (int64_t s = 0; s < strips; ++s) {
+    int64_t r0;
+    int h;
+    aotc_mm_strip(mb, MR, s, &r0, &h);
+    T* d = dst + s * MR * kc;
+    if (sak == 1 && h == MR) {
+      const S* row[MR];
+      for (int w = 0; w < MR; ++w) row[w] = src + (m0 + r0 + w) * sam + k0;
+      for (int64_t c = 0; c < kc; ++c)
+#pragma GCC unroll 16
+        for (int w = 0; w < MR; ++w) d[c * MR + w] = (T)aotc_elem<S>::load(row[w], c);
+    } else {
+      aotc_mm_pack<T, S>(d, src, m0 + r0, h, MR, k0, kc, sam, sak, MR);
     }
   }
 }
@@ -335,7 +394,11 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   // takes one block of 128, not 120 + 8 (two passes over the weights, the second for 8 rows).
   const int64_t mblocks = (M + AOTC_MM_MB - 1) / AOTC_MM_MB;
   const int64_t MB = aotc_roundup((M + mblocks - 1) / mblocks, MR);
-  const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
+  // Threads claim tasks one at a time, so a loop ends within one task of balanced: 16 tasks per thread
+  // make that 1/32 of a call on 2 threads where 4 made it 1/8 (the MLP's 64 x 4096 x 4096 ran 8 tasks of
+  // 512 columns). One thread gets no narrowing.
+  const int64_t by_work = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD));
+  const int64_t want = by_work > 1 ? by_work * AOTC_MM_TASKS_PER_THREAD : 1;
   int64_t NB = aotc_mm_min(aotc_roundup(N, NR), AOTC_MM_NB);
   while (NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t nblocks = (N + NB - 1) / NB;
@@ -344,8 +407,14 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   // A is packed once for all column blocks when there are several and it fits: then narrow tasks (for
   // balance between threads) cost no repacking. Block (b, mi), slice k0 starts at (b * mblocks + mi) *
   // MB * K + k0 * mbp.
+  // With B packed at build time and an A block whose every K slice fits in L2 together (skinny M: the
+  // MLP's and GPT-2's 64-512 rows), a task walks each B panel down all of K (panel_outer) instead of each
+  // K slice across all panels: the weights then stream in memory order (the hardware prefetcher follows,
+  // and the software prefetch reads the bytes right after), and a panel's tile columns stay in L1 over K.
   const int64_t ablocks = batch * mblocks;
-  const bool shared_a = nblocks > 1 && (double)ablocks * (double)(MB * kc_max * kslices) * sizeof(T) <= 32e6;
+  const bool a_fits = !BSrc::packs && (double)MB * (double)K * sizeof(T) <= AOTC_MM_A_L2;
+  const bool shared_a = (nblocks > 1 || a_fits) && (double)ablocks * (double)(MB * kc_max * kslices) * sizeof(T) <= 32e6;
+  const bool panel_outer = a_fits && shared_a;
   const int64_t a_all = shared_a ? aotc_roundup(ablocks * MB * kc_max * kslices, 64 / sizeof(T)) : 0;
   // per-thread workspace: tile, packed A block, packed B panels (when B is not prepacked), in T elements
   const int64_t per = aotc_roundup(MB * NB + MB * kc_max + (BSrc::packs ? NB * kc_max : 0), 64 / sizeof(T));
@@ -363,8 +432,8 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
       aotc_pool_run(ablocks * kslices, nthreads, [&](int64_t j, int) {
         const int64_t blk = j / kslices, k0 = j % kslices * KC, bi = blk / mblocks, m0 = blk % mblocks * MB;
         const int64_t mb = aotc_mm_min(M - m0, MB);
-        aotc_mm_pack<T, SA>(apacked + blk * MB * K + k0 * aotc_roundup(mb, MR), a + offa(bi), m0, mb,
-                            aotc_roundup(mb, MR), k0, aotc_mm_min(K - k0, KC), sam, sak, MR);
+        aotc_mm_pack_a<T, SA, MR>(apacked + blk * MB * K + k0 * aotc_roundup(mb, MR), a + offa(bi), m0, mb, k0,
+                                  aotc_mm_min(K - k0, KC), sam, sak);
       });
     }
     aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) {
@@ -375,26 +444,50 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
       const int64_t mbp = aotc_roundup(mb, MR), nbp = aotc_roundup(nb, NR);
       T* bws = tile + MB * NB + MB * kc_max;
       const SA* ab = a + offa(bi);
-      if (K <= 0) memset(tile, 0, sizeof(T) * (size_t)(mb * nbp));
-      for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = aotc_mm_min(K - k0, KC);
-        int64_t pstride = 0;
-        const T* bp = bsrc.template slice<NR>(bi, n0, nb, nbp, k0, kc, bws, &pstride);
-        const T* ap = apacked + (bi * mblocks + mi) * MB * K + k0 * mbp;
-        if (!shared_a) {
-          T* own_ap = tile + MB * NB;
-          aotc_mm_pack<T, SA>(own_ap, ab, m0, mb, mbp, k0, kc, sam, sak, MR);
-          ap = own_ap;
+      // One KC x NR panel slice ``bj`` against every strip of ``ap`` into tile columns [js, js + NR), the
+      // next slice in ``next`` prefetched a part per strip.
+      auto panel = [&](const T* ap, int64_t kc, const T* bj, const T* next, int64_t js, bool accumulate) {
+        const int64_t strips = mbp / MR, chunk = (kc + strips - 1) / strips;
+        for (int64_t s = 0; s < strips; ++s) {
+          int64_t r0;
+          int h;
+          aotc_mm_strip(mb, MR, s, &r0, &h);
+          const T* pf = next != NULL && s * chunk < kc ? next + s * chunk * NR : NULL;
+          const int64_t pfk = aotc_mm_min(chunk, kc - s * chunk);
+          T* c = tile + r0 * nbp + js;
+          if (h == MR)
+            aotc_mm_micro<T, MR, MR, NV>(kc, ap + s * MR * kc, bj, c, nbp, accumulate, pf, pfk);
+          else
+            aotc_mm_micro_tail<T, MR, NV>(h, kc, ap + s * MR * kc, bj, c, nbp, accumulate, pf, pfk);
         }
-        const int64_t full = mb / MR * MR;
-        for (int64_t js = 0; js < nbp; js += NR) {
-          const T* bj = bp + (js / NR) * pstride;
-          const T* next = js + NR < nbp ? bj + pstride : NULL;
-          for (int64_t is = 0; is < full; is += MR)
-            aotc_mm_micro<T, MR, MR, NV>(kc, ap + is * kc, bj, tile + is * nbp + js, nbp, k0 > 0, is ? NULL : next);
-          if (full < mb)
-            aotc_mm_micro_tail<T, MR, NV>((int)(mb - full), kc, ap + full * kc, bj, tile + full * nbp + js, nbp,
-                                          k0 > 0);
+      };
+      if (K <= 0) memset(tile, 0, sizeof(T) * (size_t)(mb * nbp));
+      if (panel_outer) {  // each panel down all of K: B streams in memory order, its tile columns stay in L1
+        int64_t pstride = 0;
+        const T* b0 = bsrc.template slice<NR>(bi, n0, nb, nbp, 0, K, bws, &pstride);
+        const T* ablk = apacked + (bi * mblocks + mi) * MB * K;
+        for (int64_t js = 0; js < nbp; js += NR)
+          for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = aotc_mm_min(K - k0, KC);
+            const T* bj = b0 + (js / NR) * pstride + k0 * NR;
+            const bool last = js + NR >= nbp && k0 + KC >= K;
+            panel(ablk + k0 * mbp, kc, bj, last ? NULL : bj + kc * NR, js, k0 > 0);
+          }
+      } else {
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+          const int64_t kc = aotc_mm_min(K - k0, KC);
+          int64_t pstride = 0;
+          const T* bp = bsrc.template slice<NR>(bi, n0, nb, nbp, k0, kc, bws, &pstride);
+          const T* ap = apacked + (bi * mblocks + mi) * MB * K + k0 * mbp;
+          if (!shared_a) {
+            T* own_ap = tile + MB * NB;
+            aotc_mm_pack_a<T, SA, MR>(own_ap, ab, m0, mb, k0, kc, sam, sak);
+            ap = own_ap;
+          }
+          for (int64_t js = 0; js < nbp; js += NR) {
+            const T* bj = bp + (js / NR) * pstride;
+            panel(ap, kc, bj, js + NR < nbp ? bj + pstride : NULL, js, k0 > 0);
+          }
         }
       }
       epi(bi, m0, mb, n0, nb, (const T*)tile, nbp);
@@ -457,6 +550,9 @@ int main() {
   fails += aotc_mm_check(1, 5, 3, 7);          // K < KC, N < NR, M < MR
   fails += aotc_mm_check(3, 130, 600, 40);     // several tiles in both directions
   fails += aotc_mm_check(1, 401, 70, 33);      // rows over AOTC_MM_MB: equal row blocks, the last shorter
+  for (int64_t m = 1; m <= 3 * AOTC_MM_MR + 1; ++m)  // every split of the last two strips (aotc_mm_strip)
+    fails += aotc_mm_check(1, m, 2 * AOTC_MM_NR_F32 + 3, m % 3 == 0 ? 1 : 9);  // K = 1 too
+  fails += aotc_mm_check(1, 64, 1, 500);       // one column, rows 4 x 12 + 8 + 8 on AVX-512
 #pragma omp parallel num_threads(2) reduction(+ : fails)
   fails += aotc_mm_check(2, 19, 40, 50);  // nested in a caller's parallel region: private workspaces
   return fails != 0;

@@ -1,5 +1,6 @@
 """The CPU matmul with weights packed at build time (aot/codegen/cpp_pack.py, cpp_templates/matmul.h):
-odd sizes (M, N, K no multiples of the blocks, K < KC, N < NR, K over one KC slice), a weight broadcast
+odd sizes (M, N, K no multiples of the blocks, K < KC, K = 1, N < NR, K over one KC slice, rows whose last
+strip is split with the one before), a weight broadcast
 over batch dimensions, each kind of epilogue (bias, activation, residual, cast), 16-bit operands, at every
 CPU level this machine runs. Each packed library is checked against the kernel interpreter on the
 unpacked program, and against the same program compiled without packing.
@@ -68,6 +69,11 @@ PROGS = {
     "residual_cast": (_linear("residual_cast", 13 * S0, 70, 129, True, "bias,residual,cast"), 1e-2),
     "bf16": (_linear("bf16", 3 * S0, 33, 260, True, "bias", BF16), 2e-2),
     "batched": (_batched(), 2e-4),
+    # K = 1 and N under one vector (the panel is mostly zero padding)
+    "k1_narrow": (_linear("k1_narrow", 3 * S0, 7, 1, True, "bias"), 2e-4),
+    # rows 16, 80, 592: a last strip under MR / 2 rows shares with the one before (aotc_mm_strip); K over
+    # two KC slices with a rest; B walked panel by panel down K (panel_outer), A packed once per block
+    "skinny_rows": (_linear("skinny_rows", 16 * S0, 100, 520, True, "bias,relu"), 2e-4),
 }
 TRIALS = (1, 5, 37)  # s0
 

@@ -1,0 +1,105 @@
+// The harness of benchmarks/cpu_matmul_ab.py: cpp_templates/matmul.h built as a small library (one per
+// variant: its own -D settings or another revision's templates), called through ctypes. Weights are packed
+// here exactly as aot/codegen/cpp_pack.py packs them; the epilogue adds a bias and, optionally, applies
+// GELU (erf form), as the fused Linear epilogues of generated code do.
+#include "aotc_cpu.h"
+#include "matmul.h"
+
+#define AB_EXPORT extern "C" __attribute__((visibility("default")))
+
+AB_EXPORT int ab_nr(void) { return AOTC_MM_NR_F32; }
+AB_EXPORT int ab_mr(void) { return AOTC_MM_MR; }
+AB_EXPORT int ab_kc(void) { return AOTC_MM_KC; }
+
+// bp = pack(w[K, N]) into [ceil(N / NR)][K][NR], zero past N.
+AB_EXPORT void ab_pack(int64_t K, int64_t N, const float* w, float* bp) {
+  const int64_t NR = AOTC_MM_NR_F32, P = (N + NR - 1) / NR;
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < NR; ++j) {
+        const int64_t n = p * NR + j;
+        bp[(p * K + k) * NR + j] = n < N ? w[k * N + n] : 0.0f;
+      }
+}
+
+// This thread's CPU time in ns: on a loaded machine a 1-thread call's CPU time leaves out the time slices
+// other processes took (wall time counts them).
+static int64_t ab_cpu_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// reps calls of c = epi(a[M, K] @ B + bias) on ``threads`` threads exactly; returns the fastest call in s
+// (its CPU time when threads == 1, else wall time).
+AB_EXPORT double ab_mm(int64_t M, int64_t N, int64_t K, const float* a, const float* bp, const float* bias,
+                       float* c, int gelu, int threads, int reps) {
+  aotc_pool_set_threads(-threads);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const int64_t t0 = threads == 1 ? ab_cpu_ns() : aotc_now_ns();
+    {
+      const aotc_pool_call call;
+      aotc_matmul_packed<float>(1, M, N, K, a, [](int64_t) -> int64_t { return 0; }, K, 1, bp,
+          [&](int64_t, int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float* tile, int64_t ldt) {
+            for (int64_t i = m0; i < m0 + mb; ++i) {
+              const float* row = tile + (i - m0) * ldt;
+              if (gelu) {
+#pragma omp simd
+                for (int64_t j = n0; j < n0 + nb; ++j) {
+                  const float x = row[j - n0] + bias[j];
+                  c[i * N + j] = (x * 0.5f) * (aotc_erf(x * 0.70710677f) + 1.0f);
+                }
+              } else {
+#pragma omp simd
+                for (int64_t j = n0; j < n0 + nb; ++j) c[i * N + j] = row[j - n0] + bias[j];
+              }
+            }
+          });
+    }
+    const double s = (double)((threads == 1 ? ab_cpu_ns() : aotc_now_ns()) - t0) * 1e-9;
+    best = s < best ? s : best;
+  }
+  return best;
+}
+
+// The micro-kernel alone on one thread: ``reps`` times an MR x NR block over kc, the B panel in L1 and
+// the A strips taken in turn from ``strips`` of them (1: in L1 too; 24 at kc = 192: 216 KiB, from L2, as
+// in a real call). Returns GFLOP/s.
+AB_EXPORT double ab_micro(int64_t kc, int64_t reps, int64_t strips) {
+  constexpr int MR = AOTC_MM_MR, NV = AOTC_MM_NV, NR = AOTC_MM_NR_F32;
+  float* ap = static_cast<float*>(aligned_alloc(64, sizeof(float) * MR * kc * strips + 64));
+  float* bp = static_cast<float*>(aligned_alloc(64, sizeof(float) * NR * kc + 64));
+  alignas(64) float c[MR * NR];
+  for (int64_t i = 0; i < MR * kc * strips; ++i) ap[i] = 1e-3f * (float)(i % 7);
+  for (int64_t i = 0; i < NR * kc; ++i) bp[i] = 1e-3f * (float)(i % 5);
+  const int64_t t0 = ab_cpu_ns();
+  for (int64_t r = 0; r < reps; ++r) {
+    aotc_mm_micro<float, MR, MR, NV>(kc, ap + r % strips * MR * kc, bp, c, NR, r > 0);
+    __asm__ volatile("" : : "r"(c) : "memory");
+  }
+  const double s = (double)(ab_cpu_ns() - t0) * 1e-9;
+  free(ap);
+  free(bp);
+  return 2.0 * MR * NR * (double)kc * (double)reps / s * 1e-9;
+}
+
+// The machine's FMA rate on one thread: 24 (AVX-512: 32 registers) or 12 (AVX2: 16) independent vector
+// FMA chains, enough to cover 2 units x 4 cycles of latency, no loads. Returns GFLOP/s.
+AB_EXPORT double ab_peak(int64_t reps) {
+  typedef aotc_mm_vec<float>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(float)), C = AOTC_VBYTES == 64 ? 24 : 12;
+  V acc[C], x = aotc_vset1(0.999f), y = aotc_vset1(1e-3f);
+  for (int i = 0; i < C; ++i) acc[i] = aotc_vset1((float)i);
+  const int64_t t0 = ab_cpu_ns();
+  for (int64_t r = 0; r < reps; ++r) {
+#pragma GCC unroll 24
+    for (int i = 0; i < C; ++i) acc[i] = aotc_vfma(acc[i], x, y);
+    __asm__ volatile("" : "+v"(x));
+  }
+  const double s = (double)(ab_cpu_ns() - t0) * 1e-9;
+  float sink = 0;
+  for (int i = 0; i < C; ++i) sink += acc[i][0];
+  __asm__ volatile("" : : "r"(sink));
+  return 2.0 * C * L * (double)reps / s * 1e-9;
+}
