@@ -305,6 +305,22 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
           if (++w == s.OW) w = 0, ++h;
         }
         wide[si] = inside;
+        if (inside && ow + MR <= s.OW && si * MR + MR <= pb) {  // in one output row: pointers step by sw * C
+          const int64_t step = s.sw * xs.s3;
+          for (int64_t kh = 0; kh < s.KH; ++kh) {
+            const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+            const T** row = sind + kh * MR;
+            if (ih < 0 || ih >= s.H) {
+              for (int r = 0; r < MR; ++r) row[r] = zero;
+              continue;
+            }
+            const T* first = (const T*)(const void*)(x + xn + ih * xs.s2 + (ow * s.sw - s.pw) * xs.s3);
+            for (int r = 0; r < MR; ++r) row[r] = first + r * step;
+          }
+          ow += MR;
+          if (ow == s.OW) ow = 0, ++oh;
+          continue;
+        }
         for (int64_t r = 0; r < MR; ++r) {
           const bool live = si * MR + r < pb;
           for (int64_t kh = 0; kh < s.KH; ++kh) {
@@ -554,6 +570,8 @@ int main() {
     fails += aotc_conv_check_nhwc<1>({1, 3, 23, 21, 13, 7, 7, 12, 11, 2, 2, 3, 3, 1, 1, 1}, nchw);  // 7x7/2
     fails += aotc_conv_check_nhwc<2>({1, 4, 6, 4, 20, 5, 5, 6, 4, 1, 1, 2, 2, 1, 1, 1}, nchw);     // no inside
     fails += aotc_conv_check_nhwc<2>({2, 17, 9, 30, 24, 3, 5, 7, 26, 1, 1, 0, 0, 1, 1, 1}, nchw);  // unpadded
+    fails += aotc_conv_check_nhwc<1>({2, 3, 5, 40, 16, 3, 3, 5, 40, 1, 1, 1, 1, 1, 1, 1}, nchw);    // whole-row strips
+    fails += aotc_conv_check_nhwc<1>({1, 5, 7, 70, 11, 3, 3, 4, 35, 2, 2, 1, 1, 1, 1, 1}, nchw);    // ... strided
   }
   fails += aotc_conv_check_nhwc<1>({2, 37, 9, 11, 37, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 37}, false);  // depthwise
   fails += aotc_conv_check_nhwc<1>({1, 24, 7, 7, 24, 3, 3, 7, 7, 1, 1, 1, 1, 1, 1, 24}, false);
