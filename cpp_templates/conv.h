@@ -228,7 +228,147 @@ struct aotc_conv_mr {
   static constexpr int value = NV == 1 ? AOTC_CONV_MR1 : AOTC_MM_MR;
 };
 
-template <class T, int NV, class SX, class Epi>
+// Row micro-kernel: MR output pixels side by side in one output row, each window inside the image
+// horizontally, over channels-last input with dense pixels. Pixel i's taps of kernel row kh are the
+// klen = KW * C consecutive inputs at a + kh * lda + i * STEP (STEP = stride * C, a compile-time constant:
+// every broadcast is one load at a fixed offset from one pointer, where the MR pointers of aotc_conv_micro
+// do not fit in the registers and are re-read from the stack), against the panel rows b + kh * klen * NR.
+template <class T, int MR, int NV, int STEP>
+static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, int64_t lda, const T* __restrict b,
+                                       T* c, int64_t ldc) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L;
+  V acc[MR][NV];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+  for (int64_t kh = 0; kh < nkh; ++kh, a += lda, b += klen * NR) {
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < klen; ++k) {
+      // Opaque to the optimiser: with a small STEP the pixels' windows overlap (pixel i + 1 at k is pixel i
+      // at k + STEP), and GCC's predictive commoning would carry those values across iterations in
+      // registers it then spills; each broadcast is meant to be one load.
+      const T* ak = a + k;
+      __asm__("" : "+r"(ak));
+      V bv[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) memcpy(&bv[j], b + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 32
+      for (int i = 0; i < MR; ++i) {
+        const V av = aotc_vset1(ak[i * STEP]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+}
+
+// One output pixel whose window may cross the image's left or right border (dense pixels, dw == 1): the
+// kernel rows [kh0, kh1) inside vertically, and of each the taps inside horizontally, KW * C at most
+// consecutive inputs against consecutive panel rows.
+template <class T, int NV>
+static void aotc_conv_edge_pixel(const aotc_conv_shape& s, const T* xn, int64_t sxh, int64_t oh, int64_t ow,
+                                 int64_t kh0, int64_t kh1, const T* bp, T* c) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L;
+  const int64_t iw = ow * s.sw - s.pw, kw0 = aotc_conv_first(iw, 1, 0, s.KW), kw1 = aotc_conv_end(iw, 1, s.W, s.KW);
+  const int64_t klen = (kw1 - kw0) * s.C;
+  V acc[NV];
+  for (int j = 0; j < NV; ++j) acc[j] = V{};
+  for (int64_t kh = kh0; kh < kh1; ++kh) {
+    const T* a = xn + (oh * s.sh - s.ph + kh * s.dh) * sxh + (iw + kw0) * s.C;
+    const T* b = bp + (kh * s.KW + kw0) * s.C * NR;
+    for (int64_t k = 0; k < klen; ++k) {
+      const V av = aotc_vset1(a[k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        V bv;
+        memcpy(&bv, b + k * NR + j * L, sizeof(V));
+        acc[j] = aotc_vfma(av, bv, acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < NV; ++j) memcpy(c + j * L, &acc[j], sizeof(V));
+}
+
+#ifndef AOTC_CONV_ROW_PIXELS
+#define AOTC_CONV_ROW_PIXELS 96  // output pixels per task of the row kernel at most, whole rows (one at least)
+#endif
+
+// aotc_conv2d_packed over dense channels-last input whose rows hold at least MR interior pixels (window
+// inside horizontally, [lo, hi)): one task per (image, band of output rows, channel block); each row runs
+// its interior in strips of MR pixels (a last short strip as MR / 2 or MR / 4, or overlapping the one
+// before: the overlap writes equal values twice), its border pixels one by one, and the kernel rows
+// outside the image vertically are skipped, not read as zeros.
+template <class T, int NV, int STEP, class Epi>
+static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* wp, Epi epi,
+                                  int64_t lo, int64_t hi) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
+  constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
+  const int64_t klen = s.KW * s.C, K = s.KH * klen;
+  const double flops = 2.0 * (double)s.N * (double)(s.OH * s.OW) * (double)s.O * (double)(K > 0 ? K : 1);
+  const int64_t want = aotc_mm_min(aotc_pool_threads(), (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
+  int64_t R = s.OW < AOTC_CONV_ROW_PIXELS ? AOTC_CONV_ROW_PIXELS / s.OW : 1, NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
+  auto ntasks = [&]() { return s.N * ((s.OH + R - 1) / R) * ((s.O + NB - 1) / NB); };
+  while (R > 1 && ntasks() < want) R = (R + 1) / 2;
+  while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
+  const int64_t bands = (s.OH + R - 1) / R, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
+  const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(flops, tasks);
+  const int64_t per = aotc_roundup(R * s.OW * NB, 64 / (int64_t)sizeof(T));
+  T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
+  if (ws_all == NULL) throw std::bad_alloc();
+  aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
+    T* tile = ws_all + (int64_t)slot * per;
+    const int64_t n = task / (bands * oblocks), oh0 = task / oblocks % bands * R, oi = task % oblocks;
+    const int64_t rb = aotc_mm_min(s.OH - oh0, R), o0 = oi * NB, ob = aotc_mm_min(s.O - o0, NB);
+    const int64_t nbp = aotc_roundup(ob, NR);
+    const T* xn = x + xs.off + n * xs.s0;
+    for (int64_t js = 0; js < nbp; js += NR) {
+      const T* bp = wp + ((o0 + js) / NR) * K * NR;
+      for (int64_t oh = oh0; oh < oh0 + rb; ++oh) {
+        T* crow = tile + (oh - oh0) * s.OW * nbp + js;
+        const int64_t ih = oh * s.sh - s.ph;
+        const int64_t kh0 = aotc_conv_first(ih, s.dh, 0, s.KH), kh1 = aotc_conv_end(ih, s.dh, s.H, s.KH);
+        const int64_t nkh = kh1 > kh0 ? kh1 - kh0 : 0, lda = s.dh * xs.s2;
+        for (int64_t ow = 0; ow < lo; ++ow) aotc_conv_edge_pixel<T, NV>(s, xn, xs.s2, oh, ow, kh0, kh1, bp, crow + ow * nbp);
+        for (int64_t ow = hi; ow < s.OW; ++ow) aotc_conv_edge_pixel<T, NV>(s, xn, xs.s2, oh, ow, kh0, kh1, bp, crow + ow * nbp);
+        const T* a0 = xn + (ih + kh0 * s.dh) * xs.s2 - s.pw * s.C;  // + ow * STEP: pixel ow's first tap
+        const T* b0 = bp + kh0 * klen * NR;
+        for (int64_t ow = lo; ow < hi;) {
+          const int64_t rem = hi - ow;
+          if (rem > 3 * MR / 4) {
+            ow = aotc_mm_min(ow, hi - MR);
+            aotc_conv_row_micro<T, MR, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, crow + ow * nbp, nbp);
+            ow += MR;
+          } else if (rem > MR4) {
+            ow = aotc_mm_min(ow, hi - MR2);
+            aotc_conv_row_micro<T, MR2, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, crow + ow * nbp, nbp);
+            ow += MR2;
+          } else {
+            ow = hi - MR4;
+            aotc_conv_row_micro<T, MR4, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, crow + ow * nbp, nbp);
+            ow += MR4;
+          }
+        }
+      }
+    }
+    epi(n, oh0 * s.OW, rb * s.OW, o0, ob, (const T*)tile, nbp);
+  });
+  free(ws_all);
+}
+
+// STEP: stride * C of the conv when the caller knows it at compile time (codegen passes it), 0 otherwise;
+// with it, dense channels-last input (pixel stride C, no horizontal dilation) takes the row kernel above.
+template <class T, int NV, int STEP = 0, class SX, class Epi>
 void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, const T* wp, Epi epi) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
@@ -248,7 +388,7 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
         for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + w * xs.s3);
       }
     });
-    aotc_conv2d_packed<T, NV>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
+    aotc_conv2d_packed<T, NV, STEP>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
     return;
   }
   const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
@@ -263,6 +403,15 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
                     xs.s2 == s.W * xs.s3;
+  if constexpr (STEP > 0) {
+    if (!rows && STEP == s.sw * s.C && xs.s3 == s.C && s.dw == 1) {
+      const int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end(s.KW - 1 - s.pw, s.sw, s.W, s.OW);
+      if (hi - lo >= MR) {
+        aotc_conv_packed_rows<T, NV, STEP>(s, (const T*)(const void*)x, xs, wp, epi, lo, hi);
+        return;
+      }
+    }
+  }
   // Row taps: with dense pixels (pixel stride C) and no horizontal dilation, the KW taps of one kernel row
   // over an output pixel whose window lies inside the image horizontally are KW * C consecutive inputs --
   // k = (kh * KW + kw) * C + c of the packed panel is kh * (KW * C) + (kw * C + c) -- so such a strip of
@@ -519,7 +668,7 @@ static int aotc_conv_check(aotc_conv_shape s) {
 
 // The channels-last kernels against the same naive loop: x stored NHWC, the weight packed as cpp_pack.py
 // packs it (groups == 1) or stored [kh][kw][C] (depthwise).
-template <int NV>
+template <int NV, int STEP = 0>
 static int aotc_conv_check_nhwc(aotc_conv_shape s, bool nchw_input) {
   constexpr int NR = NV * AOTC_VBYTES / 4;
   const int64_t cpg = s.C / s.G, P = s.OH * s.OW, taps = s.KH * s.KW;
@@ -545,7 +694,7 @@ static int aotc_conv_check_nhwc(aotc_conv_shape s, bool nchw_input) {
     for (int64_t o = 0; o < s.O; ++o)
       for (int64_t c = 0; c < s.C; ++c)
         for (int64_t t = 0; t < taps; ++t) wp[(o / NR * K + t * s.C + c) * NR + o % NR] = w[(o * s.C + c) * taps + t];
-    aotc_conv2d_packed<float, NV>(s, xl.data(), xs, wp.data(), epi);
+    aotc_conv2d_packed<float, NV, STEP>(s, xl.data(), xs, wp.data(), epi);
   } else {
     std::vector<float> wd(w.size());
     for (int64_t c = 0; c < s.C; ++c)
@@ -572,6 +721,16 @@ int main() {
     fails += aotc_conv_check_nhwc<2>({2, 17, 9, 30, 24, 3, 5, 7, 26, 1, 1, 0, 0, 1, 1, 1}, nchw);  // unpadded
     fails += aotc_conv_check_nhwc<1>({2, 3, 5, 40, 16, 3, 3, 5, 40, 1, 1, 1, 1, 1, 1, 1}, nchw);    // whole-row strips
     fails += aotc_conv_check_nhwc<1>({1, 5, 7, 70, 11, 3, 3, 4, 35, 2, 2, 1, 1, 1, 1, 1}, nchw);    // ... strided
+    // the row kernel (STEP = sw * C): strips of MR, MR / 2, MR / 4 and overlapping tails, border pixels one by one
+    fails += aotc_conv_check_nhwc<1, 3>({2, 3, 7, 60, 16, 3, 3, 7, 60, 1, 1, 1, 1, 1, 1, 1}, nchw);    // a stem
+    fails += aotc_conv_check_nhwc<1, 10>({1, 5, 9, 70, 11, 3, 3, 5, 35, 2, 2, 1, 1, 1, 1, 1}, nchw);   // stride 2
+    fails += aotc_conv_check_nhwc<1, 6>({1, 3, 23, 61, 13, 7, 7, 12, 31, 2, 2, 3, 3, 1, 1, 1}, nchw);  // 7x7/2
+    fails += aotc_conv_check_nhwc<2, 17>({2, 17, 9, 30, 40, 3, 5, 7, 26, 1, 1, 0, 0, 1, 1, 1}, nchw);  // unpadded
+    fails += aotc_conv_check_nhwc<1, 7>({1, 7, 12, 40, 9, 3, 3, 12, 40, 1, 1, 2, 1, 2, 1, 1}, nchw);   // dilated rows
+    fails += aotc_conv_check_nhwc<2, 32>({2, 16, 10, 60, 32, 1, 1, 5, 30, 2, 2, 0, 0, 1, 1, 1}, nchw); // 1x1/2
+    fails += aotc_conv_check_nhwc<1, 4>({1, 4, 5, 40, 16, 3, 3, 9, 40, 1, 1, 3, 1, 1, 1, 1}, nchw);    // rows of zeros
+    fails += aotc_conv_check_nhwc<2, 12>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);    // too narrow
+    fails += aotc_conv_check_nhwc<2, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);    // 3 panels
   }
   fails += aotc_conv_check_nhwc<1>({2, 37, 9, 11, 37, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 37}, false);  // depthwise
   fails += aotc_conv_check_nhwc<1>({1, 24, 7, 7, 24, 3, 3, 7, 7, 1, 1, 1, 1, 1, 1, 24}, false);

@@ -431,7 +431,8 @@ class KernelWriter:
         if k.packed:
             nr = to_c(k.w.strides[0])
             self.w.line(f'static_assert({nr} * 4 % AOTC_VBYTES == 0, "conv weights packed for another vector width");')
-            return f"aotc_conv2d_packed<{at}, {nr} * 4 / AOTC_VBYTES>(aotc_s, {x}, aotc_xs, {wt}, ", True
+            step = k.stride[1] * k.c_in  # input elements between horizontally adjacent output pixels (NHWC)
+            return f"aotc_conv2d_packed<{at}, {nr} * 4 / AOTC_VBYTES, {step}>(aotc_s, {x}, aotc_xs, {wt}, ", True
         if _depthwise_nhwc(k):
             return f"aotc_conv2d_dw<{at}>(aotc_s, {x}, aotc_xs, {wt} + {to_c(k.w.offset)}, ", True
         return f"aotc_conv2d<{at}>(aotc_s, {x}, aotc_xs, {wt}, aotc_ws, ", False
