@@ -220,6 +220,28 @@ static inline void* aotc_conv_scratch(size_t bytes) {
   return h.p;
 }
 
+// The strides of a dense channels-last input of shape s.
+static inline aotc_conv_strides aotc_conv_dense(const aotc_conv_shape& s) {
+  return aotc_conv_strides{0, s.C * s.H * s.W, 1, s.W * s.C, s.C};
+}
+
+// x (any layout and element type) copied to dense channels-last T in the calling thread's scratch.
+template <class T, class SX>
+static const T* aotc_conv_nhwc(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs) {
+  const int64_t chw = s.C * s.H * s.W;
+  T* xt = static_cast<T*>(aotc_conv_scratch((size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
+  const bool par = s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
+  aotc_pool_run(s.N * s.H, par ? aotc_pool_threads() : 1, [&](int64_t nh, int) {
+    const int64_t n = nh / s.H, h = nh % s.H;
+    T* row = xt + n * chw + h * s.W * s.C;
+    for (int64_t c = 0; c < s.C; ++c) {
+      const int64_t at = xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2;
+      for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + w * xs.s3);
+    }
+  });
+  return xt;
+}
+
 #ifndef AOTC_CONV_MR1
 #define AOTC_CONV_MR1 (2 * AOTC_MM_MR)
 #endif
@@ -269,33 +291,81 @@ static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, in
     for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
 }
 
-// One output pixel whose window may cross the image's left or right border (dense pixels, dw == 1): the
-// kernel rows [kh0, kh1) inside vertically, and of each the taps inside horizontally, KW * C at most
-// consecutive inputs against consecutive panel rows.
-template <class T, int NV>
-static void aotc_conv_edge_pixel(const aotc_conv_shape& s, const T* xn, int64_t sxh, int64_t oh, int64_t ow,
-                                 int64_t kh0, int64_t kh1, const T* bp, T* c) {
-  typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int NR = NV * L;
-  const int64_t iw = ow * s.sw - s.pw, kw0 = aotc_conv_first(iw, 1, 0, s.KW), kw1 = aotc_conv_end(iw, 1, s.W, s.KW);
-  const int64_t klen = (kw1 - kw0) * s.C;
-  V acc[NV];
-  for (int j = 0; j < NV; ++j) acc[j] = V{};
-  for (int64_t kh = kh0; kh < kh1; ++kh) {
-    const T* a = xn + (oh * s.sh - s.ph + kh * s.dh) * sxh + (iw + kw0) * s.C;
-    const T* b = bp + (kh * s.KW + kw0) * s.C * NR;
-    for (int64_t k = 0; k < klen; ++k) {
-      const V av = aotc_vset1(a[k]);
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) {
-        V bv;
-        memcpy(&bv, b + k * NR + j * L, sizeof(V));
-        acc[j] = aotc_vfma(av, bv, acc[j]);
+// The border pixels (ow < lo or ow >= hi: windows crossing the left or right edge) of output rows
+// [oh0, oh0 + rows), the output channels of panel bp, into c[(oh - oh0) * ldr + ow * ldc + :NR]: M of them
+// at a time, across rows, through the generic micro-kernel -- one pointer per (pixel, tap), a tap outside
+// the image at a row of C zeros.
+template <class T, int NV, int M>
+static void aotc_conv_edges_by(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh0,
+                               int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc) {
+  constexpr int NR = NV * (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T));
+  const int64_t taps = s.KH * s.KW, per_row = lo + (s.OW - hi), total = rows * per_row;
+  std::vector<const T*> ind((size_t)(taps * M));
+  alignas(64) T out[M * NR];
+  int64_t at[M];
+  for (int64_t e0 = 0; e0 < total; e0 += M) {
+    const int64_t m = aotc_mm_min(M, total - e0);
+    for (int64_t i = 0; i < M; ++i) {
+      const int64_t e = e0 + (i < m ? i : 0), j = e % per_row;
+      const int64_t oh = oh0 + e / per_row, ow = j < lo ? j : hi + (j - lo);
+      at[i] = (oh - oh0) * ldr + ow * ldc;
+      for (int64_t kh = 0; kh < s.KH; ++kh) {
+        const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+        for (int64_t kw = 0; kw < s.KW; ++kw) {
+          const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+          const bool in = i < m && ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+          ind[(size_t)((kh * s.KW + kw) * M + i)] = in ? xn + ih * sxh + iw * s.C : zero;
+        }
       }
     }
+    aotc_conv_micro<T, M, NV>(taps, s.C, ind.data(), bp, out, NR);
+    for (int64_t i = 0; i < m; ++i) memcpy(c + at[i], out + i * NR, sizeof(T) * NR);
   }
-  for (int j = 0; j < NV; ++j) memcpy(c + j * L, &acc[j], sizeof(V));
+}
+
+// ... in blocks of MR where there are enough border pixels to fill half of one, else in pairs.
+template <class T, int NV>
+static void aotc_conv_edges(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh0,
+                            int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc) {
+  constexpr int MR = aotc_conv_mr<NV>::value;
+  if (rows * (lo + s.OW - hi) >= MR / 2)
+    aotc_conv_edges_by<T, NV, MR>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc);
+  else
+    aotc_conv_edges_by<T, NV, 2>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc);
+}
+
+// Output row oh of a conv over dense channels-last input (image xn, row stride sxh), the output channels of
+// one panel bp, into c[ow * ldc + :NR]: the interior [lo, hi) (at least MR pixels) in strips of MR pixels
+// (a last short strip as MR / 2 or MR / 4, or overlapping the one before: the overlap writes equal values
+// twice); kernel rows outside the image are skipped, not read as zeros. The border pixels: aotc_conv_edges.
+template <class T, int NV, int STEP>
+static void aotc_conv_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh, int64_t lo,
+                          int64_t hi, T* c, int64_t ldc) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
+  constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
+  const int64_t klen = s.KW * s.C, ih = oh * s.sh - s.ph;
+  const int64_t kh0 = aotc_conv_first(ih, s.dh, 0, s.KH), kh1 = aotc_conv_end(ih, s.dh, s.H, s.KH);
+  const int64_t nkh = kh1 > kh0 ? kh1 - kh0 : 0, lda = s.dh * sxh;
+  const T* a0 = xn + (ih + kh0 * s.dh) * sxh - s.pw * s.C;  // + ow * STEP: pixel ow's first tap
+  const T* b0 = bp + kh0 * klen * NR;
+  for (int64_t ow = lo; ow < hi;) {
+    const int64_t rem = hi - ow;
+    if (rem > 3 * MR / 4) {
+      ow = aotc_mm_min(ow, hi - MR);
+      aotc_conv_row_micro<T, MR, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      ow += MR;
+    } else if (rem > MR4) {
+      ow = aotc_mm_min(ow, hi - MR2);
+      aotc_conv_row_micro<T, MR2, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      ow += MR2;
+    } else {
+      ow = hi - MR4;
+      aotc_conv_row_micro<T, MR4, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      ow += MR4;
+    }
+  }
 }
 
 #ifndef AOTC_CONV_ROW_PIXELS
@@ -303,18 +373,15 @@ static void aotc_conv_edge_pixel(const aotc_conv_shape& s, const T* xn, int64_t 
 #endif
 
 // aotc_conv2d_packed over dense channels-last input whose rows hold at least MR interior pixels (window
-// inside horizontally, [lo, hi)): one task per (image, band of output rows, channel block); each row runs
-// its interior in strips of MR pixels (a last short strip as MR / 2 or MR / 4, or overlapping the one
-// before: the overlap writes equal values twice), its border pixels one by one, and the kernel rows
-// outside the image vertically are skipped, not read as zeros.
+// inside horizontally, [lo, hi)): one task per (image, band of output rows, channel block), aotc_conv_row
+// per row and panel.
 template <class T, int NV, int STEP, class Epi>
 static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* wp, Epi epi,
                                   int64_t lo, int64_t hi) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
-  constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
-  const int64_t klen = s.KW * s.C, K = s.KH * klen;
+  constexpr int NR = NV * L;
+  const int64_t K = s.KH * s.KW * s.C;
   const double flops = 2.0 * (double)s.N * (double)(s.OH * s.OW) * (double)s.O * (double)(K > 0 ? K : 1);
   const int64_t want = aotc_mm_min(aotc_pool_threads(), (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
   int64_t R = s.OW < AOTC_CONV_ROW_PIXELS ? AOTC_CONV_ROW_PIXELS / s.OW : 1, NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
@@ -325,7 +392,12 @@ static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_con
   const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(flops, tasks);
   const int64_t per = aotc_roundup(R * s.OW * NB, 64 / (int64_t)sizeof(T));
   T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
-  if (ws_all == NULL) throw std::bad_alloc();
+  T* zero = static_cast<T*>(calloc((size_t)(s.C > 0 ? s.C : 1), sizeof(T)));
+  if (ws_all == NULL || zero == NULL) {
+    free(ws_all);
+    free(zero);
+    throw std::bad_alloc();
+  }
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
     T* tile = ws_all + (int64_t)slot * per;
     const int64_t n = task / (bands * oblocks), oh0 = task / oblocks % bands * R, oi = task % oblocks;
@@ -334,35 +406,13 @@ static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_con
     const T* xn = x + xs.off + n * xs.s0;
     for (int64_t js = 0; js < nbp; js += NR) {
       const T* bp = wp + ((o0 + js) / NR) * K * NR;
-      for (int64_t oh = oh0; oh < oh0 + rb; ++oh) {
-        T* crow = tile + (oh - oh0) * s.OW * nbp + js;
-        const int64_t ih = oh * s.sh - s.ph;
-        const int64_t kh0 = aotc_conv_first(ih, s.dh, 0, s.KH), kh1 = aotc_conv_end(ih, s.dh, s.H, s.KH);
-        const int64_t nkh = kh1 > kh0 ? kh1 - kh0 : 0, lda = s.dh * xs.s2;
-        for (int64_t ow = 0; ow < lo; ++ow) aotc_conv_edge_pixel<T, NV>(s, xn, xs.s2, oh, ow, kh0, kh1, bp, crow + ow * nbp);
-        for (int64_t ow = hi; ow < s.OW; ++ow) aotc_conv_edge_pixel<T, NV>(s, xn, xs.s2, oh, ow, kh0, kh1, bp, crow + ow * nbp);
-        const T* a0 = xn + (ih + kh0 * s.dh) * xs.s2 - s.pw * s.C;  // + ow * STEP: pixel ow's first tap
-        const T* b0 = bp + kh0 * klen * NR;
-        for (int64_t ow = lo; ow < hi;) {
-          const int64_t rem = hi - ow;
-          if (rem > 3 * MR / 4) {
-            ow = aotc_mm_min(ow, hi - MR);
-            aotc_conv_row_micro<T, MR, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, crow + ow * nbp, nbp);
-            ow += MR;
-          } else if (rem > MR4) {
-            ow = aotc_mm_min(ow, hi - MR2);
-            aotc_conv_row_micro<T, MR2, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, crow + ow * nbp, nbp);
-            ow += MR2;
-          } else {
-            ow = hi - MR4;
-            aotc_conv_row_micro<T, MR4, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, crow + ow * nbp, nbp);
-            ow += MR4;
-          }
-        }
-      }
+      for (int64_t oh = oh0; oh < oh0 + rb; ++oh)
+        aotc_conv_row<T, NV, STEP>(s, xn, xs.s2, bp, oh, lo, hi, tile + (oh - oh0) * s.OW * nbp + js, nbp);
+      aotc_conv_edges<T, NV>(s, xn, xs.s2, bp, oh0, rb, lo, hi, zero, tile + js, s.OW * nbp, nbp);
     }
     epi(n, oh0 * s.OW, rb * s.OW, o0, ob, (const T*)tile, nbp);
   });
+  free(zero);
   free(ws_all);
 }
 
@@ -377,18 +427,7 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
   if (xs.s1 != 1 || !std::is_same<SX, T>::value) {
     // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC, then read it in place.
-    const int64_t chw = s.C * s.H * s.W;
-    T* xt = static_cast<T*>(aotc_conv_scratch((size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
-    const bool par = s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
-    aotc_pool_run(s.N * s.H, par ? aotc_pool_threads() : 1, [&](int64_t nh, int) {
-      const int64_t n = nh / s.H, h = nh % s.H;
-      T* row = xt + n * chw + h * s.W * s.C;
-      for (int64_t c = 0; c < s.C; ++c) {
-        const int64_t at = xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2;
-        for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + w * xs.s3);
-      }
-    });
-    aotc_conv2d_packed<T, NV, STEP>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
+    aotc_conv2d_packed<T, NV, STEP>(s, aotc_conv_nhwc<T>(s, x, xs), aotc_conv_dense(s), wp, epi);
     return;
   }
   const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
@@ -731,6 +770,9 @@ int main() {
     fails += aotc_conv_check_nhwc<1, 4>({1, 4, 5, 40, 16, 3, 3, 9, 40, 1, 1, 3, 1, 1, 1, 1}, nchw);    // rows of zeros
     fails += aotc_conv_check_nhwc<2, 12>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);    // too narrow
     fails += aotc_conv_check_nhwc<2, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);    // 3 panels
+    // border pixels batched across the rows of a task (enough of them to fill half a block)
+    fails += aotc_conv_check_nhwc<2, 10>({2, 10, 14, 28, 40, 3, 3, 14, 28, 1, 1, 1, 1, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<1, 6>({1, 6, 10, 30, 20, 5, 5, 10, 30, 1, 1, 2, 2, 1, 1, 1}, nchw);
   }
   fails += aotc_conv_check_nhwc<1>({2, 37, 9, 11, 37, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 37}, false);  // depthwise
   fails += aotc_conv_check_nhwc<1>({1, 24, 7, 7, 24, 3, 3, 7, 7, 1, 1, 1, 1, 1, 1, 24}, false);
