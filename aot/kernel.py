@@ -229,6 +229,22 @@ class Matmul(_Facts):
 
 
 @dataclass(frozen=True)
+class Pool:
+    """A max or min pool fused after a Conv (CPU targets only: codegen/cpp_pool.py). Each conv output becomes
+    ``pre`` (over ``Acc`` and the channel i1), ``op`` (RMAX/RMIN) reduces it over the windows (``kernel``,
+    ``stride``, ``padding`` over oh, ow; positions outside never win) into ``out_hw``, and the Conv's
+    ``stores`` then run over (i0 = n, i1 = pooled row, i2 = pooled column, i3 = channel) with ``ReduceRef(0)``
+    the pooled value: the index space of the Reduce kernel it replaces."""
+
+    op: Op
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    out_hw: tuple[sympy.Expr, sympy.Expr]
+    pre: Value
+
+
+@dataclass(frozen=True)
 class Conv(_Facts):
     """2-D convolution, NCHW input ``x`` (strides n, c, h, w) and OIHW weight ``w`` (strides o, i, kh, kw).
     Stores over (i0 = n, i1 = output channel, i2 = oh, i3 = ow) with ``Acc``."""
@@ -251,6 +267,7 @@ class Conv(_Facts):
     # CPU targets only (codegen/cpp_pack.py): ``w`` is the weight packed at build time into panels
     # [ceil(c_out / NR)][kh * kw * c_in][NR] of fp32 (k = (kh * KW + kw) * c_in + c), ``w.strides`` (NR, 1, 0, 0).
     packed: bool = False
+    pool: Pool | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +377,8 @@ def values(k: Kernel) -> list[Value]:
         out.append(k.value)
     if isinstance(k, Reduce):
         out += [s.value for s in k.steps]
+    if isinstance(k, Conv) and k.pool is not None:
+        out.append(k.pool.pre)
     return out
 
 

@@ -81,9 +81,9 @@ def main() -> None:
     kinds: list[str] = []
     plain = cpp.generate
 
-    def generate(prog, options):  # type: ignore[no-untyped-def]
+    def generate(prog, options, *rest):  # type: ignore[no-untyped-def]
         kinds[:] = [type(k).__name__ for k in prog.kernels]
-        src = plain(prog, options)
+        src = plain(prog, options, *rest)
         if args.source:
             args.source.write_text(src)
         return instrument(src, kinds)

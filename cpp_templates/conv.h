@@ -220,6 +220,28 @@ static inline void* aotc_conv_scratch(size_t bytes) {
   return h.p;
 }
 
+// The strides of a dense channels-last input of shape s.
+static inline aotc_conv_strides aotc_conv_dense(const aotc_conv_shape& s) {
+  return aotc_conv_strides{0, s.C * s.H * s.W, 1, s.W * s.C, s.C};
+}
+
+// x (any layout and element type) copied to dense channels-last T in the calling thread's scratch.
+template <class T, class SX>
+static const T* aotc_conv_nhwc(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs) {
+  const int64_t chw = s.C * s.H * s.W;
+  T* xt = static_cast<T*>(aotc_conv_scratch((size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
+  const bool par = s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
+  aotc_pool_run(s.N * s.H, par ? aotc_pool_threads() : 1, [&](int64_t nh, int) {
+    const int64_t n = nh / s.H, h = nh % s.H;
+    T* row = xt + n * chw + h * s.W * s.C;
+    for (int64_t c = 0; c < s.C; ++c) {
+      const int64_t at = xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2;
+      for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + w * xs.s3);
+    }
+  });
+  return xt;
+}
+
 #ifndef AOTC_CONV_MR1
 #define AOTC_CONV_MR1 (2 * AOTC_MM_MR)
 #endif
@@ -228,7 +250,175 @@ struct aotc_conv_mr {
   static constexpr int value = NV == 1 ? AOTC_CONV_MR1 : AOTC_MM_MR;
 };
 
-template <class T, int NV, class SX, class Epi>
+// Row micro-kernel: MR output pixels side by side in one output row, each window inside the image
+// horizontally, over channels-last input with dense pixels. Pixel i's taps of kernel row kh are the
+// klen = KW * C consecutive inputs at a + kh * lda + i * STEP (STEP = stride * C, a compile-time constant:
+// every broadcast is one load at a fixed offset from one pointer, where the MR pointers of aotc_conv_micro
+// do not fit in the registers and are re-read from the stack), against the panel rows b + kh * klen * NR.
+template <class T, int MR, int NV, int STEP>
+static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, int64_t lda, const T* __restrict b,
+                                       T* c, int64_t ldc) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L;
+  V acc[MR][NV];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+  for (int64_t kh = 0; kh < nkh; ++kh, a += lda, b += klen * NR) {
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < klen; ++k) {
+      // Opaque to the optimiser: with a small STEP the pixels' windows overlap (pixel i + 1 at k is pixel i
+      // at k + STEP), and GCC's predictive commoning would carry those values across iterations in
+      // registers it then spills; each broadcast is meant to be one load.
+      const T* ak = a + k;
+      __asm__("" : "+r"(ak));
+      V bv[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) memcpy(&bv[j], b + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 32
+      for (int i = 0; i < MR; ++i) {
+        const V av = aotc_vset1(ak[i * STEP]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+}
+
+// The border pixels (ow < lo or ow >= hi: windows crossing the left or right edge) of output rows
+// [oh0, oh0 + rows), the output channels of panel bp, into c[(oh - oh0) * ldr + ow * ldc + :NR]: M of them
+// at a time, across rows, through the generic micro-kernel -- one pointer per (pixel, tap), a tap outside
+// the image at a row of C zeros.
+template <class T, int NV, int M>
+static void aotc_conv_edges_by(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh0,
+                               int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc) {
+  constexpr int NR = NV * (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T));
+  const int64_t taps = s.KH * s.KW, per_row = lo + (s.OW - hi), total = rows * per_row;
+  std::vector<const T*> ind((size_t)(taps * M));
+  alignas(64) T out[M * NR];
+  int64_t at[M];
+  for (int64_t e0 = 0; e0 < total; e0 += M) {
+    const int64_t m = aotc_mm_min(M, total - e0);
+    for (int64_t i = 0; i < M; ++i) {
+      const int64_t e = e0 + (i < m ? i : 0), j = e % per_row;
+      const int64_t oh = oh0 + e / per_row, ow = j < lo ? j : hi + (j - lo);
+      at[i] = (oh - oh0) * ldr + ow * ldc;
+      for (int64_t kh = 0; kh < s.KH; ++kh) {
+        const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+        for (int64_t kw = 0; kw < s.KW; ++kw) {
+          const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+          const bool in = i < m && ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+          ind[(size_t)((kh * s.KW + kw) * M + i)] = in ? xn + ih * sxh + iw * s.C : zero;
+        }
+      }
+    }
+    aotc_conv_micro<T, M, NV>(taps, s.C, ind.data(), bp, out, NR);
+    for (int64_t i = 0; i < m; ++i) memcpy(c + at[i], out + i * NR, sizeof(T) * NR);
+  }
+}
+
+// ... in blocks of MR where there are enough border pixels to fill half of one, else in pairs.
+template <class T, int NV>
+static void aotc_conv_edges(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh0,
+                            int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc) {
+  constexpr int MR = aotc_conv_mr<NV>::value;
+  if (rows * (lo + s.OW - hi) >= MR / 2)
+    aotc_conv_edges_by<T, NV, MR>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc);
+  else
+    aotc_conv_edges_by<T, NV, 2>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc);
+}
+
+// Output row oh of a conv over dense channels-last input (image xn, row stride sxh), the output channels of
+// one panel bp, into c[ow * ldc + :NR]: the interior [lo, hi) (at least MR pixels) in strips of MR pixels
+// (a last short strip as MR / 2 or MR / 4, or overlapping the one before: the overlap writes equal values
+// twice); kernel rows outside the image are skipped, not read as zeros. The border pixels: aotc_conv_edges.
+template <class T, int NV, int STEP>
+static void aotc_conv_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh, int64_t lo,
+                          int64_t hi, T* c, int64_t ldc) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
+  constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
+  const int64_t klen = s.KW * s.C, ih = oh * s.sh - s.ph;
+  const int64_t kh0 = aotc_conv_first(ih, s.dh, 0, s.KH), kh1 = aotc_conv_end(ih, s.dh, s.H, s.KH);
+  const int64_t nkh = kh1 > kh0 ? kh1 - kh0 : 0, lda = s.dh * sxh;
+  const T* a0 = xn + (ih + kh0 * s.dh) * sxh - s.pw * s.C;  // + ow * STEP: pixel ow's first tap
+  const T* b0 = bp + kh0 * klen * NR;
+  for (int64_t ow = lo; ow < hi;) {
+    const int64_t rem = hi - ow;
+    if (rem > 3 * MR / 4) {
+      ow = aotc_mm_min(ow, hi - MR);
+      aotc_conv_row_micro<T, MR, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      ow += MR;
+    } else if (rem > MR4) {
+      ow = aotc_mm_min(ow, hi - MR2);
+      aotc_conv_row_micro<T, MR2, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      ow += MR2;
+    } else {
+      ow = hi - MR4;
+      aotc_conv_row_micro<T, MR4, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      ow += MR4;
+    }
+  }
+}
+
+#ifndef AOTC_CONV_ROW_PIXELS
+#define AOTC_CONV_ROW_PIXELS 96  // output pixels per task of the row kernel at most, whole rows (one at least)
+#endif
+
+// aotc_conv2d_packed over dense channels-last input whose rows hold at least MR interior pixels (window
+// inside horizontally, [lo, hi)): one task per (image, band of output rows, channel block), aotc_conv_row
+// per row and panel.
+template <class T, int NV, int STEP, class Epi>
+static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* wp, Epi epi,
+                                  int64_t lo, int64_t hi) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L;
+  const int64_t K = s.KH * s.KW * s.C;
+  const double flops = 2.0 * (double)s.N * (double)(s.OH * s.OW) * (double)s.O * (double)(K > 0 ? K : 1);
+  const int64_t want = aotc_mm_min(aotc_pool_threads(), (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
+  int64_t R = s.OW < AOTC_CONV_ROW_PIXELS ? AOTC_CONV_ROW_PIXELS / s.OW : 1, NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
+  auto ntasks = [&]() { return s.N * ((s.OH + R - 1) / R) * ((s.O + NB - 1) / NB); };
+  while (R > 1 && ntasks() < want) R = (R + 1) / 2;
+  while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
+  const int64_t bands = (s.OH + R - 1) / R, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
+  const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(flops, tasks);
+  const int64_t per = aotc_roundup(R * s.OW * NB, 64 / (int64_t)sizeof(T));
+  T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
+  T* zero = static_cast<T*>(calloc((size_t)(s.C > 0 ? s.C : 1), sizeof(T)));
+  if (ws_all == NULL || zero == NULL) {
+    free(ws_all);
+    free(zero);
+    throw std::bad_alloc();
+  }
+  aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
+    T* tile = ws_all + (int64_t)slot * per;
+    const int64_t n = task / (bands * oblocks), oh0 = task / oblocks % bands * R, oi = task % oblocks;
+    const int64_t rb = aotc_mm_min(s.OH - oh0, R), o0 = oi * NB, ob = aotc_mm_min(s.O - o0, NB);
+    const int64_t nbp = aotc_roundup(ob, NR);
+    const T* xn = x + xs.off + n * xs.s0;
+    for (int64_t js = 0; js < nbp; js += NR) {
+      const T* bp = wp + ((o0 + js) / NR) * K * NR;
+      for (int64_t oh = oh0; oh < oh0 + rb; ++oh)
+        aotc_conv_row<T, NV, STEP>(s, xn, xs.s2, bp, oh, lo, hi, tile + (oh - oh0) * s.OW * nbp + js, nbp);
+      aotc_conv_edges<T, NV>(s, xn, xs.s2, bp, oh0, rb, lo, hi, zero, tile + js, s.OW * nbp, nbp);
+    }
+    epi(n, oh0 * s.OW, rb * s.OW, o0, ob, (const T*)tile, nbp);
+  });
+  free(zero);
+  free(ws_all);
+}
+
+// STEP: stride * C of the conv when the caller knows it at compile time (codegen passes it), 0 otherwise;
+// with it, dense channels-last input (pixel stride C, no horizontal dilation) takes the row kernel above.
+template <class T, int NV, int STEP = 0, class SX, class Epi>
 void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, const T* wp, Epi epi) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
@@ -237,18 +427,7 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
   if (xs.s1 != 1 || !std::is_same<SX, T>::value) {
     // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC, then read it in place.
-    const int64_t chw = s.C * s.H * s.W;
-    T* xt = static_cast<T*>(aotc_conv_scratch((size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
-    const bool par = s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
-    aotc_pool_run(s.N * s.H, par ? aotc_pool_threads() : 1, [&](int64_t nh, int) {
-      const int64_t n = nh / s.H, h = nh % s.H;
-      T* row = xt + n * chw + h * s.W * s.C;
-      for (int64_t c = 0; c < s.C; ++c) {
-        const int64_t at = xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2;
-        for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + w * xs.s3);
-      }
-    });
-    aotc_conv2d_packed<T, NV>(s, (const T*)xt, aotc_conv_strides{0, chw, 1, s.W * s.C, s.C}, wp, epi);
+    aotc_conv2d_packed<T, NV, STEP>(s, aotc_conv_nhwc<T>(s, x, xs), aotc_conv_dense(s), wp, epi);
     return;
   }
   const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
@@ -263,6 +442,15 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
                     xs.s2 == s.W * xs.s3;
+  if constexpr (STEP > 0) {
+    if (!rows && STEP == s.sw * s.C && xs.s3 == s.C && s.dw == 1) {
+      const int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end(s.KW - 1 - s.pw, s.sw, s.W, s.OW);
+      if (hi - lo >= MR) {
+        aotc_conv_packed_rows<T, NV, STEP>(s, (const T*)(const void*)x, xs, wp, epi, lo, hi);
+        return;
+      }
+    }
+  }
   // Row taps: with dense pixels (pixel stride C) and no horizontal dilation, the KW taps of one kernel row
   // over an output pixel whose window lies inside the image horizontally are KW * C consecutive inputs --
   // k = (kh * KW + kw) * C + c of the packed panel is kh * (KW * C) + (kw * C + c) -- so such a strip of
@@ -305,6 +493,22 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
           if (++w == s.OW) w = 0, ++h;
         }
         wide[si] = inside;
+        if (inside && ow + MR <= s.OW && si * MR + MR <= pb) {  // in one output row: pointers step by sw * C
+          const int64_t step = s.sw * xs.s3;
+          for (int64_t kh = 0; kh < s.KH; ++kh) {
+            const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+            const T** row = sind + kh * MR;
+            if (ih < 0 || ih >= s.H) {
+              for (int r = 0; r < MR; ++r) row[r] = zero;
+              continue;
+            }
+            const T* first = (const T*)(const void*)(x + xn + ih * xs.s2 + (ow * s.sw - s.pw) * xs.s3);
+            for (int r = 0; r < MR; ++r) row[r] = first + r * step;
+          }
+          ow += MR;
+          if (ow == s.OW) ow = 0, ++oh;
+          continue;
+        }
         for (int64_t r = 0; r < MR; ++r) {
           const bool live = si * MR + r < pb;
           for (int64_t kh = 0; kh < s.KH; ++kh) {
@@ -503,7 +707,7 @@ static int aotc_conv_check(aotc_conv_shape s) {
 
 // The channels-last kernels against the same naive loop: x stored NHWC, the weight packed as cpp_pack.py
 // packs it (groups == 1) or stored [kh][kw][C] (depthwise).
-template <int NV>
+template <int NV, int STEP = 0>
 static int aotc_conv_check_nhwc(aotc_conv_shape s, bool nchw_input) {
   constexpr int NR = NV * AOTC_VBYTES / 4;
   const int64_t cpg = s.C / s.G, P = s.OH * s.OW, taps = s.KH * s.KW;
@@ -529,7 +733,7 @@ static int aotc_conv_check_nhwc(aotc_conv_shape s, bool nchw_input) {
     for (int64_t o = 0; o < s.O; ++o)
       for (int64_t c = 0; c < s.C; ++c)
         for (int64_t t = 0; t < taps; ++t) wp[(o / NR * K + t * s.C + c) * NR + o % NR] = w[(o * s.C + c) * taps + t];
-    aotc_conv2d_packed<float, NV>(s, xl.data(), xs, wp.data(), epi);
+    aotc_conv2d_packed<float, NV, STEP>(s, xl.data(), xs, wp.data(), epi);
   } else {
     std::vector<float> wd(w.size());
     for (int64_t c = 0; c < s.C; ++c)
@@ -554,6 +758,21 @@ int main() {
     fails += aotc_conv_check_nhwc<1>({1, 3, 23, 21, 13, 7, 7, 12, 11, 2, 2, 3, 3, 1, 1, 1}, nchw);  // 7x7/2
     fails += aotc_conv_check_nhwc<2>({1, 4, 6, 4, 20, 5, 5, 6, 4, 1, 1, 2, 2, 1, 1, 1}, nchw);     // no inside
     fails += aotc_conv_check_nhwc<2>({2, 17, 9, 30, 24, 3, 5, 7, 26, 1, 1, 0, 0, 1, 1, 1}, nchw);  // unpadded
+    fails += aotc_conv_check_nhwc<1>({2, 3, 5, 40, 16, 3, 3, 5, 40, 1, 1, 1, 1, 1, 1, 1}, nchw);    // whole-row strips
+    fails += aotc_conv_check_nhwc<1>({1, 5, 7, 70, 11, 3, 3, 4, 35, 2, 2, 1, 1, 1, 1, 1}, nchw);    // ... strided
+    // the row kernel (STEP = sw * C): strips of MR, MR / 2, MR / 4 and overlapping tails, border pixels one by one
+    fails += aotc_conv_check_nhwc<1, 3>({2, 3, 7, 60, 16, 3, 3, 7, 60, 1, 1, 1, 1, 1, 1, 1}, nchw);    // a stem
+    fails += aotc_conv_check_nhwc<1, 10>({1, 5, 9, 70, 11, 3, 3, 5, 35, 2, 2, 1, 1, 1, 1, 1}, nchw);   // stride 2
+    fails += aotc_conv_check_nhwc<1, 6>({1, 3, 23, 61, 13, 7, 7, 12, 31, 2, 2, 3, 3, 1, 1, 1}, nchw);  // 7x7/2
+    fails += aotc_conv_check_nhwc<2, 17>({2, 17, 9, 30, 40, 3, 5, 7, 26, 1, 1, 0, 0, 1, 1, 1}, nchw);  // unpadded
+    fails += aotc_conv_check_nhwc<1, 7>({1, 7, 12, 40, 9, 3, 3, 12, 40, 1, 1, 2, 1, 2, 1, 1}, nchw);   // dilated rows
+    fails += aotc_conv_check_nhwc<2, 32>({2, 16, 10, 60, 32, 1, 1, 5, 30, 2, 2, 0, 0, 1, 1, 1}, nchw); // 1x1/2
+    fails += aotc_conv_check_nhwc<1, 4>({1, 4, 5, 40, 16, 3, 3, 9, 40, 1, 1, 3, 1, 1, 1, 1}, nchw);    // rows of zeros
+    fails += aotc_conv_check_nhwc<2, 12>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);    // too narrow
+    fails += aotc_conv_check_nhwc<2, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);    // 3 panels
+    // border pixels batched across the rows of a task (enough of them to fill half a block)
+    fails += aotc_conv_check_nhwc<2, 10>({2, 10, 14, 28, 40, 3, 3, 14, 28, 1, 1, 1, 1, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<1, 6>({1, 6, 10, 30, 20, 5, 5, 10, 30, 1, 1, 2, 2, 1, 1, 1}, nchw);
   }
   fails += aotc_conv_check_nhwc<1>({2, 37, 9, 11, 37, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 37}, false);  // depthwise
   fails += aotc_conv_check_nhwc<1>({1, 24, 7, 7, 24, 3, 3, 7, 7, 1, 1, 1, 1, 1, 1, 24}, false);

@@ -142,3 +142,46 @@ def test_depthwise_forms_match_eager(level: str, tmp_path: Path, aotc_cache: Pat
     got = aotc.load(pkg, device="cpu")(x.numpy(), z.numpy())
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * float(np.abs(w).max()))
+
+
+class PoolNet(nn.Module):
+    """Max-pools after convs, each fused into its conv (codegen/cpp_pool.py, conv_pool.h): a stem over the
+    NCHW input (conv, batch-norm, ReLU, 3x3/2 pool padded 1, odd sizes), a conv with a bias and 20 output
+    channels (a padded panel) under a 2x2/2 pool, and one too narrow for the row kernel (the fallback)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), random_bn(16), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.mid = nn.Sequential(nn.Conv2d(16, 20, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2, 2))
+        self.narrow = nn.Sequential(nn.Conv2d(20, 8, 3, 1, 1), nn.MaxPool2d(3, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.narrow(self.mid(self.stem(x)))
+
+
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
+def test_pools_fused_into_convs_match_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
+    from aotc.cpu_features import cpu_level
+    from aotc_build.codegen.cpp_pool import fuse_pools
+
+    order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+    if order.index(cpu_level()) < order.index(level):
+        pytest.skip(f"this CPU cannot run {level}")
+    torch.manual_seed(0)
+    model, x = PoolNet().eval(), torch.randn(2, 3, 45, 61)
+    cap = capture_module(model, (x,), {"x": {0: Dim("batch", min=1, max=8)}}, name="poolnet")
+    _, plan, _ = compile_graph(cap, channels_last=True)
+    fused = fuse_pools(pack_plan(plan, level)[0])
+    assert [type(k).__name__ for k in fused.kernels] == ["Conv"] * 3
+    assert all(isinstance(k, K.Conv) and k.pool is not None for k in fused.kernels)
+    pkg = tmp_path / "poolnet.pkg"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache)
+    m = aotc.load(pkg, device="cpu")
+    for batch in (1, 3):
+        torch.manual_seed(batch)
+        xb = torch.randn(batch, 3, 45, 61)
+        xb[0, 0, 5, 7] = float("nan")  # NaN wins its windows, as in eager
+        with torch.no_grad():
+            want = model(xb).numpy()
+        got = m(xb.numpy())
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.nanmax(np.abs(want))), equal_nan=True)

@@ -64,6 +64,8 @@ def kernel_buffers(k: K.Kernel) -> tuple[list[str], set[str]]:
         reads += [k.a.buf, k.b.buf]
     if isinstance(k, K.Conv):
         reads += [k.x.buf, k.w.buf]
+        if k.pool is not None:
+            reads += _loads(k.pool.pre)
     if isinstance(k, K.Attention):
         reads += [op.buf for op in k.operands]
     if isinstance(k, K.Reduce):
@@ -431,7 +433,8 @@ class KernelWriter:
         if k.packed:
             nr = to_c(k.w.strides[0])
             self.w.line(f'static_assert({nr} * 4 % AOTC_VBYTES == 0, "conv weights packed for another vector width");')
-            return f"aotc_conv2d_packed<{at}, {nr} * 4 / AOTC_VBYTES>(aotc_s, {x}, aotc_xs, {wt}, ", True
+            step = k.stride[1] * k.c_in  # input elements between horizontally adjacent output pixels (NHWC)
+            return f"aotc_conv2d_packed<{at}, {nr} * 4 / AOTC_VBYTES, {step}>(aotc_s, {x}, aotc_xs, {wt}, ", True
         if _depthwise_nhwc(k):
             return f"aotc_conv2d_dw<{at}>(aotc_s, {x}, aotc_xs, {wt} + {to_c(k.w.offset)}, ", True
         return f"aotc_conv2d<{at}>(aotc_s, {x}, aotc_xs, {wt}, aotc_ws, ", False
@@ -448,6 +451,9 @@ class KernelWriter:
             parts = ", ".join(to_c(e) for e in (op.offset, *op.strides))
             self.w.line(f"[[maybe_unused]] const aotc_conv_strides aotc_{name} = {{{parts}}};")
         self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
+        if k.pool is not None:
+            self._conv_pool(at)
+            return
         call, nhwc = self._conv_call(at)
         if nhwc:  # Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]
             args = "int64_t i0, int64_t aotc_p0, int64_t aotc_pb, int64_t aotc_oc0, int64_t aotc_ocb"
@@ -467,20 +473,49 @@ class KernelWriter:
                     with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
                         self._epilogue()
 
-        def tile_nhwc() -> None:
-            with self.w.block("for (int64_t aotc_p = aotc_p0; aotc_p < aotc_p0 + aotc_pb; ++aotc_p)"):
-                self.w.line("[[maybe_unused]] const int64_t i2 = aotc_p / aotc_ow, i3 = aotc_p % aotc_ow;")
-                self.w.line(f"const {at}* aotc_row = aotc_tile + (aotc_p - aotc_p0) * aotc_ldt;")
-                self.ctx.acc = "aotc_row[i1 - aotc_oc0]"
-                self.w.line(self._omp("simd"))
-                with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
-                    self._epilogue()
+        def tile_nhwc() -> None:  # by output rows: no division per pixel
+            loop = "for (int64_t i2 = aotc_p0 / aotc_ow; i2 * aotc_ow < aotc_p0 + aotc_pb; ++i2)"
+            with self.w.block(loop):
+                self.w.line("const int64_t aotc_lo = aotc_max(aotc_p0 - i2 * aotc_ow, 0);")
+                self.w.line("const int64_t aotc_hi = aotc_min(aotc_p0 + aotc_pb - i2 * aotc_ow, aotc_ow);")
+                with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
+                    self.w.line(f"const {at}* aotc_row = aotc_tile + (i2 * aotc_ow + i3 - aotc_p0) * aotc_ldt;")
+                    self.ctx.acc = "aotc_row[i1 - aotc_oc0]"
+                    self.w.line(self._omp("simd"))
+                    with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
+                        self._epilogue()
 
         with self.w.block(head, "});"):
             self.w.line("const int64_t aotc_ow = aotc_s.OW;")
             self._checked_epilogue(tile_nhwc if nhwc else tile)
         if self.k.has_gather:
             self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
+
+    def _conv_pool(self, at: str) -> None:
+        """A conv with a max/min pool fused after it (cpp_pool.py, conv_pool.h): ``pre`` as a lambda of the
+        channel i1 and the conv's value, then the stores over pooled rows with the pooled value as aotc_red0."""
+        k = self.k
+        assert isinstance(k, K.Conv) and k.pool is not None
+        pl = k.pool
+        call, _ = self._conv_call(at)
+        call = call.replace("aotc_conv2d_packed<", "aotc_conv2d_packed_pool<", 1)
+        call = call.replace(">(aotc_s,", f", {'true' if pl.op is Op.RMAX else 'false'}>(aotc_s,", 1)
+        parts = [*pl.kernel, *pl.stride, *pl.padding, *pl.out_hw]
+        self.w.line(f"const aotc_conv_pool aotc_pl = {{{', '.join(to_c(e) for e in parts)}}};")
+        with self.w.block(f"{call}aotc_pl, [&](int64_t i1, {at} aotc_v) -> {at}", "},"):
+            self.w.line("(void)i1;")
+            self.ctx.acc = "aotc_v"
+            with self.vals.scope([pl.pre]):
+                self.w.line(f"return {self.vals.expr(pl.pre)};")
+        head = (f"[&](int64_t i0, int64_t i1, int64_t aotc_pw0, int64_t aotc_pwb, const {at}* aotc_tile, "
+                "int64_t aotc_ldt)")  # fmt: skip
+        pixels = "for (int64_t i2 = aotc_pw0; i2 < aotc_pw0 + aotc_pwb; ++i2)"
+        with self.w.block(head, "});"), self.w.block(pixels):
+            self.w.line(f"const {at}* aotc_row = aotc_tile + (i2 - aotc_pw0) * aotc_ldt;")
+            self.w.line(self._omp("simd"))
+            with self.w.block(f"for (int64_t i3 = 0; i3 < {k.c_out}; ++i3)"):
+                self.w.line(f"const {at} aotc_red0 = aotc_row[i3];")
+                self._epilogue()
 
     # -- attention --
 
@@ -671,6 +706,8 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
         headers.append("matmul.h")
     if "Conv" in uses:
         headers.append("conv.h")
+    if any(isinstance(k, K.Conv) and k.pool is not None for k in prog.kernels):
+        headers.append("conv_pool.h")
     if "Attention" in uses:
         headers.append("attention.h")
     for h in headers:
