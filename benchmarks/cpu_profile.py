@@ -81,9 +81,9 @@ def main() -> None:
     kinds: list[str] = []
     plain = cpp.generate
 
-    def generate(prog, options):  # type: ignore[no-untyped-def]
+    def generate(prog, options, interface=None):  # type: ignore[no-untyped-def]
         kinds[:] = [type(k).__name__ for k in prog.kernels]
-        src = plain(prog, options)
+        src = plain(prog, options, interface)
         if args.source:
             args.source.write_text(src)
         return instrument(src, kinds)
