@@ -6,7 +6,8 @@
 // (E x MB: queries along the vector lanes), then per key block computes the scores *transposed*,
 // st[j][r] = k[j] . q[r] (keys as the broadcast rows of a register-blocked micro-kernel, read straight
 // from K, so K is never packed), which makes the softmax a vertical walk over key rows with the queries
-// in the lanes: maxima, exps and sums need no horizontal reductions. The output accumulator (MB x Ev) is
+// in the lanes: maxima, exps and sums need no horizontal reductions (one pass for the maxima, one for the
+// exps and sums, each keeping its running values in registers). The output accumulator (MB x Ev) is
 // rescaled by exp(old max - new max) and gets P @ V from the same micro-kernel (queries as the broadcast
 // rows, read from st down its columns; V rows read in place when they are contiguous floats, otherwise
 // packed). When the keys are done each row is divided by its sum (0 for a row with no key left: zeros,
@@ -20,6 +21,9 @@
 // skipped. Elements are widened to float as they are read (16-bit floats arrive as the tags of matmul.h).
 //
 // Note: explicit FMA intrinsics, as in matmul.h: generated code is compiled with -ffp-contract=off.
+// Note (small heads): at BERT's shapes (L = S = 128, head dim 64) the exps cost about as much as either
+// product -- 8192 of them per task against 2 x 64 FMAs per score -- so the softmax exp is a vector
+// polynomial with FMAs (aotc_attn_exp), not the scalar aotc_expf the vectoriser would widen.
 #ifndef AOTC_ATTENTION_H
 #define AOTC_ATTENTION_H
 
@@ -181,11 +185,19 @@ static inline void aotc_attn_tail(int64_t rows, int64_t kn, const S* a, int64_t 
 }
 
 // Rows [0, rows) of one column panel of NV vectors, in blocks of MR rows and a tail of fewer.
+// With ``pf`` (rows of A contiguous), each block first prefetches the rows of the next: K rows are a few
+// cache lines each, a head's stride apart, too short for the hardware prefetcher to follow, and GPT-2's
+// q/k/v (4 x 128 tokens) do not fit in L2.
 template <int NV, int MR, class S>
 static inline void aotc_attn_panel(int64_t rows, int64_t kn, const S* a, int64_t sai, int64_t sak, const float* b,
-                                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                                   int64_t ldb, float* c, int64_t ldc, bool accumulate, bool pf) {
   int64_t i = 0;
-  for (; i + MR <= rows; i += MR) aotc_attn_micro<MR, NV>(kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
+  for (; i + MR <= rows; i += MR) {
+    if (pf)
+      for (int64_t r = i + MR; r < i + 2 * MR && r < rows; ++r)
+        for (int64_t e = 0; e < kn; e += 64 / (int64_t)sizeof(S)) __builtin_prefetch(a + r * sai + e);
+    aotc_attn_micro<MR, NV>(kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
+  }
   if (i < rows) aotc_attn_tail<NV, MR - 1>(rows - i, kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
 }
 
@@ -196,13 +208,16 @@ template <class S>
 static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const S* a, int64_t sai, int64_t sak,
                                   const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   const int64_t vl = aotc_attn_vl;
+  bool pf = sak == 1;  // the first panel brings A's rows in; the others find them in cache
   int64_t j = 0;
 #if AOTC_ATTN_VBYTES == 64
-  for (; j + 4 * vl <= cols; j += 4 * vl) aotc_attn_panel<4, 6>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate);
+  for (; j + 4 * vl <= cols; j += 4 * vl, pf = false)
+    aotc_attn_panel<4, 6>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
 #endif
-  for (; j + 2 * vl <= cols; j += 2 * vl)
-    aotc_attn_panel<2, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate);
-  for (; j < cols; j += vl) aotc_attn_panel<1, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate);
+  for (; j + 2 * vl <= cols; j += 2 * vl, pf = false)
+    aotc_attn_panel<2, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
+  for (; j < cols; j += vl, pf = false)
+    aotc_attn_panel<1, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
 }
 
 // One pass down the nb rows of st (queries in the lanes), G vectors of lanes at a time so that the running
@@ -211,7 +226,7 @@ static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const 
 // exp(element - from) and sum gets the column's total added.
 template <bool EXP, int G>
 static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const float* from, const float* kb, float* top,
-                                    float* sum) {
+                                    float* sum, const char* pf, int64_t pf_stride, int64_t pf_bytes) {
   const int vl = aotc_attn_vl;
   aotc_attn_v run[G], base[G];
 #pragma GCC unroll 4
@@ -220,6 +235,7 @@ static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const fl
     run[g] = EXP ? aotc_attn_load(sum + g * vl) : base[g];
   }
   for (int64_t j = 0; j < nb; ++j) {
+    for (int64_t o = 0; o < pf_bytes; o += 64) __builtin_prefetch(pf + j * pf_stride + o);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       aotc_attn_v x = aotc_attn_load(st + j * lds + g * vl);
@@ -240,15 +256,18 @@ static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const fl
   for (int g = 0; g < G; ++g) aotc_attn_store((EXP ? sum : top) + g * vl, run[g]);
 }
 
-// aotc_attn_column over all lbp lanes (a multiple of the vector width).
+// aotc_attn_column over all lbp lanes (a multiple of the vector width); the first pass over the rows also
+// prefetches pf_bytes at pf + j * pf_stride for each row j (the exp pass: the V rows P @ V reads next).
 template <bool EXP>
 static inline void aotc_attn_columns(int64_t nb, float* st, int64_t lbp, const float* from, const float* kb, float* top,
-                                     float* sum) {
+                                     float* sum, const void* pf = NULL, int64_t pf_stride = 0, int64_t pf_bytes = 0) {
   const int64_t vl = aotc_attn_vl;
+  const char* p = static_cast<const char*>(pf);
   int64_t c = 0;
-  for (; c + 4 * vl <= lbp; c += 4 * vl)
-    aotc_attn_column<EXP, 4>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL);
-  for (; c < lbp; c += vl) aotc_attn_column<EXP, 1>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL);
+  for (; c + 4 * vl <= lbp; c += 4 * vl, pf_bytes = 0)
+    aotc_attn_column<EXP, 4>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, p, pf_stride, pf_bytes);
+  for (; c < lbp; c += vl, pf_bytes = 0)
+    aotc_attn_column<EXP, 1>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, p, pf_stride, pf_bytes);
 }
 
 // qt[e * lbp + r] = scale * q[at + r * sql + e * sqe] for rows r < lb (rows lb .. lbp are zeros): the query
@@ -289,8 +308,11 @@ static inline void aotc_attn_pack_q(const SQ* q, int64_t at, int64_t sql, int64_
       r8 = lb / 8 * 8;
       e8 = E / 8 * 8;
       const __m256 sc = _mm256_set1_ps(scale);
-      for (int64_t r0 = 0; r0 < r8; r0 += 8)
+      for (int64_t r0 = 0; r0 < r8; r0 += 8) {
+        for (int64_t r = r0 + 8; r < r0 + 16 && r < lb; ++r)  // the next 8 rows, a row stride apart each
+          for (int64_t e = 0; e < E; e += 16) __builtin_prefetch(q + at + r * sql + e);
         for (int64_t e0 = 0; e0 < e8; e0 += 8) aotc_attn_t8(q + at + r0 * sql + e0, sql, qt + e0 * lbp + r0, lbp, sc);
+      }
     }
   }
 #endif
@@ -354,8 +376,8 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       mx[r] = -INFINITY;
       sum[r] = 0.0f;
     }
-    memset(out, 0, sizeof(float) * lbp * evp);
     const int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
+    if (hi <= 0) memset(out, 0, sizeof(float) * lbp * evp);  // no keys: zeros
     for (int64_t j0 = 0; j0 < hi; j0 += NB) {
       const int64_t nb = hi - j0 < NB ? hi - j0 : NB;
       // st[j][r] = k[j0 + j] . q[l0 + r] * scale
@@ -396,8 +418,9 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
         top[r] = base;
         sum[r] *= alpha[r];
       }
-      aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum);
-      for (int64_t r = 0; r < lb; ++r) {
+      const int64_t vsz = (int64_t)sizeof(SV), vrow = sve == 1 ? Ev * vsz : 0;  // prefetch V rows when contiguous
+      aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum, v + vo + j0 * svs, svs * vsz, vrow);
+      for (int64_t r = 0; r < lb && j0 > 0; ++r) {  // the first block writes out rather than adding to it
         if (alpha[r] != 1.0f) {
           float* o = out + r * evp;
           const float a = alpha[r];
@@ -412,7 +435,7 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       }
       const float* vp = v_direct ? reinterpret_cast<const float*>(v) + vo + j0 * svs : vb;
       // out[r] += sum_j st[j][r] * v[j]
-      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vp, v_direct ? svs : evp, out, evp, true);
+      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vp, v_direct ? svs : evp, out, evp, j0 > 0);
     }
     for (int64_t r = 0; r < lb; ++r) {
       // a row that attended to nothing has sum 0 and gives zeros (as torch does); a NaN sum stays NaN
@@ -516,7 +539,43 @@ static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool 
   return worst;
 }
 
+// A mask along the queries only, additive: -inf zeroes its row, NaN and +inf make it NaN (as the scores
+// would be), a finite value changes nothing; a NaN in a query gives a NaN row, not zeros. Returns failures.
+static int aotc_attn_check_rows() {
+  const int64_t L = 20, S = 33, E = 16;
+  std::vector<float> q(L * E), k(S * E), v(S * E), bias(L, 0.5f), masked(L * E), plain(L * E);
+  unsigned x = 777;
+  auto rnd = [&]() { return (x = x * 1103515245u + 12345u, (float)((x >> 9) % 2000) / 1000.0f - 1.0f); };
+  for (auto* a : {&q, &k, &v})
+    for (auto& e : *a) e = rnd();
+  q[11 * E + 3] = NAN;
+  bias[3] = -INFINITY;
+  bias[7] = NAN;
+  bias[9] = INFINITY;
+  auto zero = [](int64_t) { return (int64_t)0; };
+  for (int kind = 0; kind < 3; kind += 2) {
+    float* out = kind ? masked.data() : plain.data();
+    aotc_attention(1, L, S, E, E, 0.25f, false, kind, q.data(), zero, E, (int64_t)1, k.data(), zero, E, (int64_t)1,
+                   v.data(), zero, E, (int64_t)1, bias.data(), zero, (int64_t)1, (int64_t)0,
+                   [&](int64_t, int64_t l0, int64_t lb, const float* tile, int64_t ldt) {
+                     for (int64_t l = l0; l < l0 + lb; ++l)
+                       for (int64_t d = 0; d < E; ++d) out[l * E + d] = tile[(l - l0) * ldt + d];
+                   });
+  }
+  int fails = 0;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t d = 0; d < E; ++d) {
+      const float m = masked[l * E + d], p = plain[l * E + d];
+      if (l == 3) fails += m != 0.0f;
+      else if (l == 7 || l == 9 || l == 11) fails += !std::isnan(m) || (l == 11 && !std::isnan(p));
+      else fails += m != p || std::isnan(p);
+    }
+  std::printf("attention self-test of rows masked along the queries and NaN queries: %d failures\n", fails);
+  return fails;
+}
+
 int main() {
+  if (aotc_attn_check_rows()) return 1;
   double worst = aotc_attn_check(37, 45, 24, 20, true, 1);
   worst = std::fmax(worst, aotc_attn_check(133, 290, 64, 64, false, 2));
   worst = std::fmax(worst, aotc_attn_check(150, 150, 64, 48, true, 0));
