@@ -15,8 +15,8 @@ from typing import Protocol
 import sympy
 
 from .. import kernel as K
-from ..ir import Op
-from .cpp_values import HALF, Values, cast, vtype
+from ..ir import DType, Op
+from .cpp_values import HALF, Values, _unmasked, cast, vtype
 from .writer import Writer
 
 
@@ -35,7 +35,7 @@ class _Host(Protocol):
     def _work(self, sizes: Sequence[str]) -> str: ...
     def _rloops(self, stack: ExitStack, rsizes: list[str], clause: str = "") -> None: ...
     def _reduce_lanes(self, sizes: list[str], rsizes: list[str]) -> None: ...
-    def _step(self, j: int, step: K.Reduction, rsizes: list[str]) -> None: ...
+    def _step(self, j: int, step: K.Reduction, rsizes: list[str], cache: Sequence[K.Value] = ()) -> None: ...
 
 
 class ReduceEmitter:
@@ -52,10 +52,12 @@ class ReduceEmitter:
             return
         row, outer_st = k.row_stores, k.stores
         work = self._work(sizes + rsizes)
+        cached = _row_caches(k)
         with ExitStack() as stack:
             self._outer(stack, sizes, work)
+            stack.enter_context(self.vals.scope([]))  # where the later passes find the row caches
             for j, step in enumerate(k.steps):
-                self._step(j, step, rsizes)
+                self._step(j, step, rsizes, [v for v, at in cached.items() if at == j])
             if outer_st:
                 with self.vals.scope([st.value for st in outer_st]):
                     for st in outer_st:
@@ -129,7 +131,12 @@ class ReduceEmitter:
             for st in k.stores:
                 self.vals.store(st)
 
-    def _step(self: _Host, j: int, step: K.Reduction, rsizes: list[str]) -> None:
+    def _step(self: _Host, j: int, step: K.Reduction, rsizes: list[str], cache: Sequence[K.Value] = ()) -> None:
+        """One reduction pass; it also writes the values in ``cache`` (see _row_caches) to row arrays that
+        the later passes read instead of computing them again."""
+        names = [f"aotc_row{j}_{q}" for q in range(len(cache))]
+        for name, v in zip(names, cache, strict=True):
+            self.w.line(f"{vtype(v.dtype)} {name}[{rsizes[0]}];")  # a constant: see _row_caches
         vt = vtype(step.dtype)
         acc, nan = f"aotc_acc{j}", f"aotc_nan{j}"
         is_float = step.dtype.is_float
@@ -150,6 +157,8 @@ class ReduceEmitter:
             self._rloops(stack, rsizes, clause)
             stack.enter_context(self.vals.scope([step.value]))
             x = cast(self.vals.expr(step.value), step.value.dtype, step.dtype)
+            for name, v in zip(names, cache, strict=True):
+                self.w.line(f"{name}[r0] = {self.vals.expr(v)};")
             if step.op is Op.SUM:
                 self.w.line(f"{acc} += {x};")
             else:
@@ -157,6 +166,8 @@ class ReduceEmitter:
                 self.w.line(f"{acc} = {x} {cmp} {acc} ? {x} : {acc};")
                 if is_float:
                     self.w.line(f"{nan} |= {x} != {x};")
+        for name, v in zip(names, cache, strict=True):
+            self.vals.scopes[-1][v] = f"{name}[r0]"
         res = f"({nan} ? static_cast<{vt}>(NAN) : {acc})" if step.op is not Op.SUM and is_float else acc
         if step.dtype in HALF:
             res = f"aotc_round_{HALF[step.dtype]}({res})"
@@ -198,6 +209,43 @@ def _across_lanes(k: K.Reduce) -> bool:
     if any(_unit_step(sympy.sympify(e), r) == 1 for e in loads):
         return False
     return all(_unit_step(sympy.sympify(st.index), i) == 1 for st in k.stores)
+
+
+ROW_CACHE = 4096  # the longest row (elements of the one reduce loop) whose values a pass may keep for the next
+
+
+def _row_caches(k: K.Reduce) -> dict[K.Value, int]:
+    """Values a reduction pass computes that a later pass or the row stores use again, each with the step
+    that keeps it in a row array: layer norm's ``x = a + bias + residual`` (summed for the mean, then read
+    for the variance and the output) or softmax's ``exp(x - max)`` (summed, then divided by the sum). The
+    later passes read the array instead of loading, gathering and computing again -- 3x on BERT's
+    embedding + layer norm, where every pass gathered the rows of three tables. Only over one reduce loop of
+    at most ROW_CACHE elements (the arrays live on the stack), and only values worth more than a load."""
+    if len(k.reduce_ranges) != 1:
+        return {}
+    n = sympy.sympify(k.reduce_ranges[0])
+    if not (n.is_Integer and 1 < int(n) <= ROW_CACHE):
+        return {}
+    r = K.loop_var("r", 0)
+    out: dict[K.Value, int] = {}
+    for j, step in enumerate(k.steps):
+        after: set[K.Value] = set()
+        for v in [s.value for s in k.steps[j + 1 :]] + [st.value for st in k.row_stores]:
+            after.update(K.walk(v))
+        safe = _unmasked([step.value])
+        found = [v for v in K.walk(step.value) if v in safe and v in after and v not in out and _worth_keeping(v, r)]
+        inner = {c for v in found for c in K.walk(v) if c is not v}
+        out.update((v, j) for v in found if v not in inner)
+    return out
+
+
+def _worth_keeping(v: K.Value, r: sympy.Symbol) -> bool:
+    """``v`` varies along the reduce loop and costs more than reading it back (not a plain load)."""
+    if isinstance(v, K.Const | K.Index | K.ReduceRef | K.Masked) or v.dtype is DType.bool:
+        return False
+    if isinstance(v, K.Load) and isinstance(v.index, K.Index):
+        return False
+    return any(isinstance(c, K.Index) and r in sympy.sympify(c.expr).free_symbols for c in K.walk(v))
 
 
 def _lane_free(v: K.Value, lane: sympy.Symbol) -> bool:
