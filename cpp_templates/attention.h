@@ -6,7 +6,8 @@
 // (E x MB: queries along the vector lanes), then per key block computes the scores *transposed*,
 // st[j][r] = k[j] . q[r] (keys as the broadcast rows of a register-blocked micro-kernel, read straight
 // from K, so K is never packed), which makes the softmax a vertical walk over key rows with the queries
-// in the lanes: maxima, exps and sums need no horizontal reductions. The output accumulator (MB x Ev) is
+// in the lanes: maxima, exps and sums need no horizontal reductions (one pass for the maxima, one for the
+// exps and sums, each keeping its running values in registers). The output accumulator (MB x Ev) is
 // rescaled by exp(old max - new max) and gets P @ V from the same micro-kernel (queries as the broadcast
 // rows, read from st down its columns; V rows read in place when they are contiguous floats, otherwise
 // packed). When the keys are done each row is divided by its sum (0 for a row with no key left: zeros,
@@ -20,6 +21,9 @@
 // skipped. Elements are widened to float as they are read (16-bit floats arrive as the tags of matmul.h).
 //
 // Note: explicit FMA intrinsics, as in matmul.h: generated code is compiled with -ffp-contract=off.
+// Note (small heads): at BERT's shapes (L = S = 128, head dim 64) the exps cost about as much as either
+// product -- 8192 of them per task against 2 x 64 FMAs per score -- so the softmax exp is a vector
+// polynomial with FMAs (aotc_attn_exp), not the scalar aotc_expf the vectoriser would widen.
 #ifndef AOTC_ATTENTION_H
 #define AOTC_ATTENTION_H
 
@@ -90,6 +94,57 @@ static inline aotc_attn_v aotc_attn_load(const float* p) {
 
 static inline void aotc_attn_store(float* p, aotc_attn_v v) { memcpy(p, &v, sizeof v); }
 
+// e^x per lane for the softmax, where x = score - running max <= 0 (or NaN, which it keeps): Cody-Waite
+// reduction x = n ln2 + r and Cephes' degree-6 polynomial as in aotc_expf (aotc_cpu.h), here with FMAs
+// and 2^n applied by scalef (AVX-512) or the exponent bits (AVX2). Arguments below -87.3 give exactly 0
+// (true values there are subnormal, below 1.2e-38), so a masked score (-inf) weighs nothing.
+static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x) {
+#if AOTC_ATTN_VBYTES == 64 || (AOTC_ATTN_VBYTES == 32 && defined(__FMA__) && defined(__AVX2__))
+#if AOTC_ATTN_VBYTES == 64
+#define AOTC_ATTN_PS(op) _mm512_##op##_ps
+  typedef __m512 V;
+#else
+#define AOTC_ATTN_PS(op) _mm256_##op##_ps
+  typedef __m256 V;
+#endif
+  const aotc_attn_v lo = aotc_attn_set1(-87.3f);
+  const V v = (V)(lo > x ? lo : x);  // NaN stays NaN
+  const V t = AOTC_ATTN_PS(mul)(v, AOTC_ATTN_PS(set1)(1.44269504088896341f));
+#if AOTC_ATTN_VBYTES == 64
+  // the maskz forms: gcc 12's plain ones read an uninitialised vector (a -Wuninitialized false alarm)
+  const V n = _mm512_maskz_roundscale_ps((__mmask16)0xffff, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  const V n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
+  V r = AOTC_ATTN_PS(fnmadd)(n, AOTC_ATTN_PS(set1)(0.693359375f), v);
+  r = AOTC_ATTN_PS(fnmadd)(n, AOTC_ATTN_PS(set1)(-2.12194440e-4f), r);
+  V p = AOTC_ATTN_PS(set1)(1.9875691500e-4f);
+  p = AOTC_ATTN_PS(fmadd)(p, r, AOTC_ATTN_PS(set1)(1.3981999507e-3f));
+  p = AOTC_ATTN_PS(fmadd)(p, r, AOTC_ATTN_PS(set1)(8.3334519073e-3f));
+  p = AOTC_ATTN_PS(fmadd)(p, r, AOTC_ATTN_PS(set1)(4.1665795894e-2f));
+  p = AOTC_ATTN_PS(fmadd)(p, r, AOTC_ATTN_PS(set1)(1.6666665459e-1f));
+  p = AOTC_ATTN_PS(fmadd)(p, r, AOTC_ATTN_PS(set1)(5.0000001201e-1f));
+  p = AOTC_ATTN_PS(fmadd)(p, AOTC_ATTN_PS(mul)(r, r), r);
+  p = AOTC_ATTN_PS(add)(p, AOTC_ATTN_PS(set1)(1.0f));
+#if AOTC_ATTN_VBYTES == 64
+  const V out = _mm512_maskz_scalef_ps((__mmask16)0xffff, p, n);
+  const __mmask16 low = _mm512_cmp_ps_mask((V)x, (V)lo, _CMP_LT_OQ);
+  return (aotc_attn_v)_mm512_maskz_mov_ps((__mmask16)~low, out);
+#else  // n >= -126 here, so 2^n is a normal float built from its exponent bits
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const V out = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return (aotc_attn_v)_mm256_andnot_ps(_mm256_cmp_ps((V)x, (V)lo, _CMP_LT_OQ), out);
+#endif
+#undef AOTC_ATTN_PS
+#else
+  aotc_attn_v out;
+  for (int i = 0; i < aotc_attn_vl; ++i) out[i] = x[i] < -87.3f ? 0.0f : aotc_expf(x[i]);
+  return out;
+#endif
+}
+
+static inline aotc_attn_v aotc_attn_max(aotc_attn_v a, aotc_attn_v b) { return a > b ? a : b; }
+
 // c[i][0 .. NV vectors) (+)= sum_k a[i * sai + k * sak] * b[k * ldb + ...] for R rows: the shared shape of
 // the transposed scores (a = K rows, b = Q^T) and of P @ V (a = P down the columns of st, b = V).
 template <int R, int NV, class S>
@@ -119,35 +174,154 @@ static inline void aotc_attn_micro(int64_t kn, const S* __restrict a, int64_t sa
     for (int j = 0; j < NV; ++j) aotc_attn_store(c + i * ldc + j * aotc_attn_vl, acc[i][j]);
 }
 
-// All columns (a multiple of the vector width) of R rows.
-template <int R, class S>
-static inline void aotc_attn_rows(int64_t cols, int64_t kn, const S* a, int64_t sai, int64_t sak, const float* b,
+// The last ``rows`` (< MR) rows of a panel.
+template <int NV, int R, class S>
+static inline void aotc_attn_tail(int64_t rows, int64_t kn, const S* a, int64_t sai, int64_t sak, const float* b,
                                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  int64_t j = 0;
-  for (; j + 2 * aotc_attn_vl <= cols; j += 2 * aotc_attn_vl)
-    aotc_attn_micro<R, 2>(kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate);
-  for (; j < cols; j += aotc_attn_vl) aotc_attn_micro<R, 1>(kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate);
-}
-
-// The last ``rows`` (< MR) rows.
-template <class S, int R = AOTC_ATTN_MR - 1>
-static inline void aotc_attn_tail(int64_t rows, int64_t cols, int64_t kn, const S* a, int64_t sai, int64_t sak,
-                                  const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   if constexpr (R >= 1) {
-    if (rows == R) return aotc_attn_rows<R>(cols, kn, a, sai, sak, b, ldb, c, ldc, accumulate);
-    aotc_attn_tail<S, R - 1>(rows, cols, kn, a, sai, sak, b, ldb, c, ldc, accumulate);
+    if (rows == R) return aotc_attn_micro<R, NV>(kn, a, sai, sak, b, ldb, c, ldc, accumulate);
+    aotc_attn_tail<NV, R - 1>(rows, kn, a, sai, sak, b, ldb, c, ldc, accumulate);
   }
 }
 
+// Rows [0, rows) of one column panel of NV vectors, in blocks of MR rows and a tail of fewer.
+// With ``pf`` (rows of A contiguous), each block first prefetches the rows of the next: K rows are a few
+// cache lines each, a head's stride apart, too short for the hardware prefetcher to follow, and GPT-2's
+// q/k/v (4 x 128 tokens) do not fit in L2.
+template <int NV, int MR, class S>
+static inline void aotc_attn_panel(int64_t rows, int64_t kn, const S* a, int64_t sai, int64_t sak, const float* b,
+                                   int64_t ldb, float* c, int64_t ldc, bool accumulate, bool pf) {
+  int64_t i = 0;
+  for (; i + MR <= rows; i += MR) {
+    if (pf)
+      for (int64_t r = i + MR; r < i + 2 * MR && r < rows; ++r)
+        for (int64_t e = 0; e < kn; e += 64 / (int64_t)sizeof(S)) __builtin_prefetch(a + r * sai + e);
+    aotc_attn_micro<MR, NV>(kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
+  }
+  if (i < rows) aotc_attn_tail<NV, MR - 1>(rows - i, kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
+}
+
 // c (rows x cols, cols a multiple of the vector width) (+)= A (rows x kn, element (i, k) at a[i * sai +
-// k * sak]) @ b (kn x cols).
+// k * sak]) @ b (kn x cols): panels of 4 vectors where the registers hold them (AVX-512: 6 x 4
+// accumulators, each broadcast of A serving 4 FMAs), then of 2 and 1.
 template <class S>
 static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const S* a, int64_t sai, int64_t sak,
                                   const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  int64_t i = 0;
-  for (; i + AOTC_ATTN_MR <= rows; i += AOTC_ATTN_MR)
-    aotc_attn_rows<AOTC_ATTN_MR>(cols, kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
-  if (i < rows) aotc_attn_tail<S>(rows - i, cols, kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
+  const int64_t vl = aotc_attn_vl;
+  bool pf = sak == 1;  // the first panel brings A's rows in; the others find them in cache
+  int64_t j = 0;
+#if AOTC_ATTN_VBYTES == 64
+  for (; j + 4 * vl <= cols; j += 4 * vl, pf = false)
+    aotc_attn_panel<4, 6>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
+#endif
+  for (; j + 2 * vl <= cols; j += 2 * vl, pf = false)
+    aotc_attn_panel<2, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
+  for (; j < cols; j += vl, pf = false)
+    aotc_attn_panel<1, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
+}
+
+// One pass down the nb rows of st (queries in the lanes), G vectors of lanes at a time so that the running
+// values stay in registers: without EXP, top = max(from, the column's maximum), after adding kb[j] (a
+// per-key mask as a bias, NULL for none) to row j in place; with EXP, every element becomes
+// exp(element - from) and sum gets the column's total added.
+template <bool EXP, int G>
+static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const float* from, const float* kb, float* top,
+                                    float* sum, const char* pf, int64_t pf_stride, int64_t pf_bytes) {
+  const int vl = aotc_attn_vl;
+  aotc_attn_v run[G], base[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    base[g] = aotc_attn_load(from + g * vl);
+    run[g] = EXP ? aotc_attn_load(sum + g * vl) : base[g];
+  }
+  for (int64_t j = 0; j < nb; ++j) {
+    for (int64_t o = 0; o < pf_bytes; o += 64) __builtin_prefetch(pf + j * pf_stride + o);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      aotc_attn_v x = aotc_attn_load(st + j * lds + g * vl);
+      if (EXP) {
+        const aotc_attn_v e = aotc_attn_exp(x - base[g]);
+        aotc_attn_store(st + j * lds + g * vl, e);
+        run[g] += e;
+      } else {
+        if (kb) {
+          x += aotc_attn_set1(kb[j]);
+          aotc_attn_store(st + j * lds + g * vl, x);
+        }
+        run[g] = aotc_attn_max(x, run[g]);  // a NaN score is passed over here and poisons the sum instead
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) aotc_attn_store((EXP ? sum : top) + g * vl, run[g]);
+}
+
+// aotc_attn_column over all lbp lanes (a multiple of the vector width); the first pass over the rows also
+// prefetches pf_bytes at pf + j * pf_stride for each row j (the exp pass: the V rows P @ V reads next).
+template <bool EXP>
+static inline void aotc_attn_columns(int64_t nb, float* st, int64_t lbp, const float* from, const float* kb, float* top,
+                                     float* sum, const void* pf = NULL, int64_t pf_stride = 0, int64_t pf_bytes = 0) {
+  const int64_t vl = aotc_attn_vl;
+  const char* p = static_cast<const char*>(pf);
+  int64_t c = 0;
+  for (; c + 4 * vl <= lbp; c += 4 * vl, pf_bytes = 0)
+    aotc_attn_column<EXP, 4>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, p, pf_stride, pf_bytes);
+  for (; c < lbp; c += vl, pf_bytes = 0)
+    aotc_attn_column<EXP, 1>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, p, pf_stride, pf_bytes);
+}
+
+// qt[e * lbp + r] = scale * q[at + r * sql + e * sqe] for rows r < lb (rows lb .. lbp are zeros): the query
+// block transposed, queries along the lanes. Contiguous float rows go through 8 x 8 register transposes
+// (element-wise, the strided reads were an eighth of the whole kernel's time on BERT's heads).
+#if defined(__AVX__)
+static inline void aotc_attn_t8(const float* src, int64_t lds, float* dst, int64_t ldd, __m256 sc) {
+  __m256 r[8], t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3
+    r[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_mul_ps(sc, _mm256_permute2f128_ps(r[i], r[4 + i], 0x20)));
+    _mm256_storeu_ps(dst + (4 + i) * ldd, _mm256_mul_ps(sc, _mm256_permute2f128_ps(r[i], r[4 + i], 0x31)));
+  }
+}
+#endif
+
+template <class SQ>
+static inline void aotc_attn_pack_q(const SQ* q, int64_t at, int64_t sql, int64_t sqe, int64_t lb, int64_t lbp, int64_t E,
+                                    float scale, float* qt) {
+  int64_t r8 = 0, e8 = 0;  // the block done by transposes: rows [0, r8) x elements [0, e8)
+#if defined(__AVX__)
+  if constexpr (std::is_same<SQ, float>::value) {
+    if (sqe == 1) {
+      r8 = lb / 8 * 8;
+      e8 = E / 8 * 8;
+      const __m256 sc = _mm256_set1_ps(scale);
+      for (int64_t r0 = 0; r0 < r8; r0 += 8) {
+        for (int64_t r = r0 + 8; r < r0 + 16 && r < lb; ++r)  // the next 8 rows, a row stride apart each
+          for (int64_t e = 0; e < E; e += 16) __builtin_prefetch(q + at + r * sql + e);
+        for (int64_t e0 = 0; e0 < e8; e0 += 8) aotc_attn_t8(q + at + r0 * sql + e0, sql, qt + e0 * lbp + r0, lbp, sc);
+      }
+    }
+  }
+#endif
+  for (int64_t e = 0; e < E; ++e) {
+    float* row = qt + e * lbp;
+#pragma omp simd
+    for (int64_t r = e < e8 ? r8 : 0; r < lb; ++r) row[r] = scale * (float)aotc_elem<SQ>::load(q, at + r * sql + e * sqe);
+    for (int64_t r = lb; r < lbp; ++r) row[r] = 0.0f;
+  }
 }
 
 static inline int64_t aotc_attn_roundup(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -167,8 +341,9 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
   const bool v_direct = std::is_same<SV, float>::value && sve == 1 && Ev % vl == 0;
   const double flops = 2.0 * (double)nbatch * (double)L * (double)S * (double)(E + Ev);
   const bool par = flops >= AOTC_ATTN_MIN_PAR_FLOPS;
-  // per thread: Q^T, transposed scores, V block, output rows, running max, sum, block max, rescale, mask bias
-  const int64_t per = E * MB + NB * MB + (v_direct ? 0 : NB * evp) + MB * evp + 5 * MB + 16;
+  // per thread: Q^T, transposed scores, V block, output rows, running max, sum, block max, rescale, row
+  // scale, key bias
+  const int64_t per = E * MB + NB * MB + (v_direct ? 0 : NB * evp) + MB * evp + 5 * MB + NB + 16;
   // one task: query block l0 of batch position b, in a thread's workspace ``ws`` of ``per`` floats
   auto task = [&](int64_t t, float* ws) {
     float* qt = ws;
@@ -179,59 +354,49 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
     float* sum = mx + MB;
     float* top = sum + MB;
     float* alpha = top + MB;
-    float* bias = alpha + MB;
+    float* row_scale = alpha + MB;
+    float* kb = row_scale + MB;
     const int64_t b = t / blocks, l0 = (t % blocks) * MB;
     const int64_t lb = L - l0 < MB ? L - l0 : MB, lbp = aotc_attn_roundup(lb, vl);
     const int64_t qo = qoff(b), ko = koff(b), vo = voff(b), mo = mask_kind ? moff(b) : 0;
-    for (int64_t e = 0; e < E; ++e) {  // Q^T, scaled; the padding queries are zeros (never output)
-      float* row = qt + e * lbp;
-      const int64_t at = qo + l0 * sql + e * sqe;
-#pragma omp simd
-      for (int64_t r = 0; r < lb; ++r) row[r] = scale * (float)aotc_elem<SQ>::load(q, at + r * sql);
-      for (int64_t r = lb; r < lbp; ++r) row[r] = 0.0f;
-    }
-    // a mask that varies along the queries only (sms == 0) is one bias per query for every key
+    aotc_attn_pack_q<SQ>(q, qo + l0 * sql, sql, sqe, lb, lbp, E, scale, qt);
+    // A mask that varies along the queries only (sms == 0) adds one constant to a query's every score,
+    // which its softmax does not see: it only decides whether the row attends to anything (-inf: zeros)
+    // or is NaN (NaN, +inf); row_scale holds 1, 0 or NaN for that. A mask along the keys only (sml == 0,
+    // padding) is one bias per key, added in the max pass (kb); any other mask is added element-wise.
     const bool by_row = mask_kind != 0 && sms == 0 && sml != 0;
-    if (by_row) {
-#pragma omp simd
-      for (int64_t r = 0; r < lbp; ++r) {
-        const int64_t at = mo + (l0 + (r < lb ? r : 0)) * sml;
-        const float val = (float)aotc_elem<SM>::load(m, at);
-        bias[r] = mask_kind == 2 ? val : (val == 0 ? -INFINITY : 0.0f);
-      }
-    }
-    memset(out, 0, sizeof(float) * lbp * evp);
+    const bool by_key = mask_kind != 0 && sml == 0;
     for (int64_t r = 0; r < lbp; ++r) {
+      float val = 0.0f;
+      if (by_row) {
+        val = (float)aotc_elem<SM>::load(m, mo + (l0 + (r < lb ? r : 0)) * sml);
+        if (mask_kind == 1) val = val == 0 ? -INFINITY : 0.0f;
+      }
+      row_scale[r] = val == -INFINITY ? 0.0f : (val - val == 0.0f ? 1.0f : NAN);
       mx[r] = -INFINITY;
       sum[r] = 0.0f;
     }
     const int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
+    if (hi <= 0) memset(out, 0, sizeof(float) * lbp * evp);  // no keys: zeros
     for (int64_t j0 = 0; j0 < hi; j0 += NB) {
       const int64_t nb = hi - j0 < NB ? hi - j0 : NB;
       // st[j][r] = k[j0 + j] . q[l0 + r] * scale
       aotc_attn_gemm<SK>(nb, lbp, E, k + ko + j0 * sks, sks, ske, qt, lbp, st, lbp, false);
-      if (mask_kind || (causal && j0 + nb > l0 + 1)) {
+      if (by_key) {
+        for (int64_t j = 0; j < nb; ++j) {
+          const float val = (float)aotc_elem<SM>::load(m, mo + (j0 + j) * sms);
+          kb[j] = mask_kind == 2 ? val : (val == 0 ? -INFINITY : 0.0f);
+        }
+      }
+      const bool elementwise = mask_kind != 0 && !by_row && !by_key;
+      if (elementwise || (causal && j0 + nb > l0 + 1)) {
         for (int64_t j = 0; j < nb; ++j) {
           float* s = st + j * lbp;
           const int64_t key = j0 + j, mk = mo + key * sms;
-          if (by_row && mask_kind == 1) {
-#pragma omp simd
-            for (int64_t r = 0; r < lbp; ++r) s[r] = bias[r] != 0.0f ? -INFINITY : s[r];
-          } else if (by_row) {
-#pragma omp simd
-            for (int64_t r = 0; r < lbp; ++r) s[r] += bias[r];
-          } else if (sml == 0 && mask_kind != 0) {  // one value per key (a padding mask): the whole row
-            const float val = (float)aotc_elem<SM>::load(m, mk);
-            if (mask_kind == 1 && val == 0) {
-              for (int64_t r = 0; r < lbp; ++r) s[r] = -INFINITY;
-            } else if (mask_kind == 2) {
-#pragma omp simd
-              for (int64_t r = 0; r < lbp; ++r) s[r] += val;
-            }
-          } else if (mask_kind == 1) {
+          if (elementwise && mask_kind == 1) {
 #pragma omp simd
             for (int64_t r = 0; r < lb; ++r) s[r] = aotc_elem<SM>::load(m, mk + (l0 + r) * sml) == 0 ? -INFINITY : s[r];
-          } else if (mask_kind == 2) {
+          } else if (elementwise) {
 #pragma omp simd
             for (int64_t r = 0; r < lb; ++r) s[r] += (float)aotc_elem<SM>::load(m, mk + (l0 + r) * sml);
           }
@@ -243,13 +408,7 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
         }
       }
       // the online softmax, queries in the lanes
-#pragma omp simd
-      for (int64_t r = 0; r < lbp; ++r) top[r] = mx[r];
-      for (int64_t j = 0; j < nb; ++j) {
-        const float* s = st + j * lbp;
-#pragma omp simd
-        for (int64_t r = 0; r < lbp; ++r) top[r] = s[r] > top[r] ? s[r] : top[r];
-      }
+      aotc_attn_columns<false>(nb, st, lbp, mx, by_key ? kb : NULL, top, NULL);
 #pragma omp simd
       for (int64_t r = 0; r < lbp; ++r) {
         // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0
@@ -259,15 +418,9 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
         top[r] = base;
         sum[r] *= alpha[r];
       }
-      for (int64_t j = 0; j < nb; ++j) {
-        float* s = st + j * lbp;
-#pragma omp simd
-        for (int64_t r = 0; r < lbp; ++r) {
-          s[r] = aotc_exp(s[r] - top[r]);
-          sum[r] += s[r];
-        }
-      }
-      for (int64_t r = 0; r < lb; ++r) {
+      const int64_t vsz = (int64_t)sizeof(SV), vrow = sve == 1 ? Ev * vsz : 0;  // prefetch V rows when contiguous
+      aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum, v + vo + j0 * svs, svs * vsz, vrow);
+      for (int64_t r = 0; r < lb && j0 > 0; ++r) {  // the first block writes out rather than adding to it
         if (alpha[r] != 1.0f) {
           float* o = out + r * evp;
           const float a = alpha[r];
@@ -282,11 +435,16 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       }
       const float* vp = v_direct ? reinterpret_cast<const float*>(v) + vo + j0 * svs : vb;
       // out[r] += sum_j st[j][r] * v[j]
-      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vp, v_direct ? svs : evp, out, evp, true);
+      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vp, v_direct ? svs : evp, out, evp, j0 > 0);
     }
     for (int64_t r = 0; r < lb; ++r) {
-      const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+      // a row that attended to nothing has sum 0 and gives zeros (as torch does); a NaN sum stays NaN
+      const float inv = sum[r] == 0.0f || row_scale[r] == 0.0f ? 0.0f : row_scale[r] / sum[r];
       float* o = out + r * evp;
+      if (inv == 0.0f) {
+        memset(o, 0, sizeof(float) * evp);
+        continue;
+      }
 #pragma omp simd
       for (int64_t d = 0; d < evp; ++d) o[d] *= inv;
     }
@@ -381,7 +539,43 @@ static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool 
   return worst;
 }
 
+// A mask along the queries only, additive: -inf zeroes its row, NaN and +inf make it NaN (as the scores
+// would be), a finite value changes nothing; a NaN in a query gives a NaN row, not zeros. Returns failures.
+static int aotc_attn_check_rows() {
+  const int64_t L = 20, S = 33, E = 16;
+  std::vector<float> q(L * E), k(S * E), v(S * E), bias(L, 0.5f), masked(L * E), plain(L * E);
+  unsigned x = 777;
+  auto rnd = [&]() { return (x = x * 1103515245u + 12345u, (float)((x >> 9) % 2000) / 1000.0f - 1.0f); };
+  for (auto* a : {&q, &k, &v})
+    for (auto& e : *a) e = rnd();
+  q[11 * E + 3] = NAN;
+  bias[3] = -INFINITY;
+  bias[7] = NAN;
+  bias[9] = INFINITY;
+  auto zero = [](int64_t) { return (int64_t)0; };
+  for (int kind = 0; kind < 3; kind += 2) {
+    float* out = kind ? masked.data() : plain.data();
+    aotc_attention(1, L, S, E, E, 0.25f, false, kind, q.data(), zero, E, (int64_t)1, k.data(), zero, E, (int64_t)1,
+                   v.data(), zero, E, (int64_t)1, bias.data(), zero, (int64_t)1, (int64_t)0,
+                   [&](int64_t, int64_t l0, int64_t lb, const float* tile, int64_t ldt) {
+                     for (int64_t l = l0; l < l0 + lb; ++l)
+                       for (int64_t d = 0; d < E; ++d) out[l * E + d] = tile[(l - l0) * ldt + d];
+                   });
+  }
+  int fails = 0;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t d = 0; d < E; ++d) {
+      const float m = masked[l * E + d], p = plain[l * E + d];
+      if (l == 3) fails += m != 0.0f;
+      else if (l == 7 || l == 9 || l == 11) fails += !std::isnan(m) || (l == 11 && !std::isnan(p));
+      else fails += m != p || std::isnan(p);
+    }
+  std::printf("attention self-test of rows masked along the queries and NaN queries: %d failures\n", fails);
+  return fails;
+}
+
 int main() {
+  if (aotc_attn_check_rows()) return 1;
   double worst = aotc_attn_check(37, 45, 24, 20, true, 1);
   worst = std::fmax(worst, aotc_attn_check(133, 290, 64, 64, false, 2));
   worst = std::fmax(worst, aotc_attn_check(150, 150, 64, 48, true, 0));

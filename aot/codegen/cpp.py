@@ -20,10 +20,11 @@ import sympy
 from aotc.schema import INTERFACE_MARK
 
 from .. import kernel as K
-from ..ir import DType, Op
+from ..ir import DType
 from ..options import BuildOptions
 from ..symbolic import to_c
-from .cpp_values import ACC_DTYPE, HALF, STORAGE, Kctx, Values, acc_type, cast, operand_ptr, vtype
+from .cpp_reduce import ReduceEmitter
+from .cpp_values import ACC_DTYPE, STORAGE, Kctx, Values, acc_type, operand_ptr, vtype
 from .writer import Writer
 
 HEADERS = ("aotc_abi.h", "aotc_cpu.h")
@@ -80,7 +81,7 @@ def kernel_buffers(k: K.Kernel) -> tuple[list[str], set[str]]:
     return order, set(writes)
 
 
-class KernelWriter:
+class KernelWriter(ReduceEmitter):
     """Writes one kernel function."""
 
     def __init__(self, prog: K.Program, k: K.Kernel, fname: str, ptrs: dict[str, str], numel: dict[str, str]) -> None:
@@ -174,13 +175,6 @@ class KernelWriter:
             return
         self._parallel_for(stack, sizes, [f"i{j}" for j in range(len(sizes))], work)
 
-    def _rloops(self, stack: ExitStack, rsizes: list[str], clause: str = "") -> None:
-        """Loops r0.. over the reduce space, ``omp simd`` (with ``clause``) on the innermost."""
-        for j, n in enumerate(rsizes):
-            if j == len(rsizes) - 1:
-                self.w.line(self._omp("simd" + clause))
-            stack.enter_context(self._for(f"r{j}", n))
-
     def _work(self, sizes: Sequence[str]) -> str:
         return " * ".join(sizes) if sizes else "1"
 
@@ -208,128 +202,6 @@ class KernelWriter:
             stack.enter_context(self.vals.scope(roots))
             for st in k.stores:
                 self.vals.store(st)
-
-    # -- reduce --
-
-    def _reduce(self) -> None:
-        k = self.k
-        assert isinstance(k, K.Reduce)
-        sizes = self._sizes("n", k.ranges)
-        rsizes = self._sizes("m", k.reduce_ranges)
-        if _across_lanes(k):
-            self._reduce_lanes(sizes, rsizes)
-            return
-        row, outer_st = k.row_stores, k.stores
-        work = self._work(sizes + rsizes)
-        with ExitStack() as stack:
-            self._outer(stack, sizes, work)
-            for j, step in enumerate(k.steps):
-                self._step(j, step, rsizes)
-            if outer_st:
-                with self.vals.scope([st.value for st in outer_st]):
-                    for st in outer_st:
-                        self.vals.store(st)
-            if row:
-                with ExitStack() as rows:
-                    self._rloops(rows, rsizes)
-                    rows.enter_context(self.vals.scope([st.value for st in row]))
-                    for st in row:
-                        self.vals.store(st)
-
-    def _reduce_lanes(self, sizes: list[str], rsizes: list[str]) -> None:
-        """The reduce with its last outer loop innermost (see _across_lanes): per chunk of up to LANES
-        positions of it, one accumulator array per step; each reduce position updates the whole array in an
-        ``omp simd`` loop over contiguous elements, then one more such loop writes the stores."""
-        k = self.k
-        assert isinstance(k, K.Reduce)
-        last = len(sizes) - 1
-        i = f"i{last}"
-        self.w.line(f"const int64_t aotc_chunks = aotc_ceildiv({sizes[last]}, {LANES});")
-        with ExitStack() as stack:
-            outer = [*sizes[:last], "aotc_chunks"]
-            self._parallel_for(stack, outer, [*(f"i{j}" for j in range(last)), "aotc_c"], self._work(sizes + rsizes))
-            self.w.line(f"const int64_t aotc_lo = aotc_c * {LANES};")
-            self.w.line(f"const int64_t aotc_hi = aotc_min(aotc_lo + {LANES}, {sizes[last]});")
-
-            def lanes() -> AbstractContextManager[None]:
-                self.w.line(self._omp("simd"))
-                return self._for(i, "aotc_hi", "aotc_lo")
-
-            for j, step in enumerate(k.steps):
-                vt = vtype(step.dtype)
-                acc = f"aotc_acc{j}[{i} - aotc_lo]"
-                nan = f"aotc_nan{j}[{i} - aotc_lo]" if step.op is not Op.SUM and step.dtype.is_float else None
-                self.w.line(f"{vt} aotc_acc{j}[{LANES}];")
-                if nan:  # a flag of its own: g++ 12 leaves aotc_maximum(x, acc) over the array scalar; int32,
-                    self.w.line(f"int32_t aotc_nan{j}[{LANES}];")  # as a bool array would take 64 lanes a step
-                with lanes():
-                    self.w.line(f"{acc} = {_reduce_init(step)};")
-                    if nan:
-                        self.w.line(f"{nan} = 0;")
-                with ExitStack() as loop:
-                    for r, n in enumerate(rsizes):
-                        loop.enter_context(self._for(f"r{r}", n))
-                    loop.enter_context(self.vals.scope([step.value]))
-                    # what does not vary along the lanes (a window's in-bounds test) is computed outside
-                    # their loop: a mask there is one branch g++ unswitches, not a per-lane blend
-                    lane = K.loop_var("i", last)
-                    for v in K.walk(step.value):
-                        if v in self.vals.safe and isinstance(v, K.Unary | K.Binary | K.Where) and _lane_free(v, lane):
-                            self.vals.expr(v)
-                    loop.enter_context(lanes())
-                    x = cast(self.vals.expr(step.value), step.value.dtype, step.dtype)
-                    if step.op is Op.SUM:
-                        self.w.line(f"{acc} += {x};")
-                    else:  # through a local: ``acc = x > acc ? x : acc`` becomes a masked store, a branch on
-                        # the data and a store the next load cannot forward from (3x slower on a max-pool)
-                        self.w.line(f"const {vt} aotc_a{j} = {acc};")
-                        self.w.line(f"{acc} = {x} {'>' if step.op is Op.RMAX else '<'} aotc_a{j} ? {x} : aotc_a{j};")
-                    if nan:
-                        self.w.line(f"{nan} |= (int32_t)({x} != {x});")
-            stack.enter_context(lanes())
-            for j, step in enumerate(k.steps):
-                res = f"aotc_acc{j}[{i} - aotc_lo]"
-                if step.op is not Op.SUM and step.dtype.is_float:
-                    res = f"(aotc_nan{j}[{i} - aotc_lo] ? static_cast<{vtype(step.dtype)}>(NAN) : {res})"
-                if step.dtype in HALF:
-                    res = f"aotc_round_{HALF[step.dtype]}({res})"
-                self.w.line(f"const {vtype(step.dtype)} aotc_red{j} = {res};")
-            stack.enter_context(self.vals.scope([st.value for st in k.stores]))
-            for st in k.stores:
-                self.vals.store(st)
-
-    def _step(self, j: int, step: K.Reduction, rsizes: list[str]) -> None:
-        vt = vtype(step.dtype)
-        acc, nan = f"aotc_acc{j}", f"aotc_nan{j}"
-        is_float = step.dtype.is_float
-        if step.op is Op.SUM:
-            self.w.line(f"{vt} {acc} = 0;")
-            clause = f" reduction(+:{acc})"
-        else:
-            big = "INFINITY" if is_float else f"std::numeric_limits<{vt}>::max()"
-            if not is_float and step.op is Op.RMAX:
-                big = f"std::numeric_limits<{vt}>::lowest()"
-            init = f"-{big}" if is_float and step.op is Op.RMAX else big
-            self.w.line(f"{vt} {acc} = {init};")
-            clause = f" reduction({'max' if step.op is Op.RMAX else 'min'}:{acc})"
-            if is_float:
-                self.w.line(f"bool {nan} = false;")
-                clause += f" reduction(|:{nan})"
-        with ExitStack() as stack:
-            self._rloops(stack, rsizes, clause)
-            stack.enter_context(self.vals.scope([step.value]))
-            x = cast(self.vals.expr(step.value), step.value.dtype, step.dtype)
-            if step.op is Op.SUM:
-                self.w.line(f"{acc} += {x};")
-            else:
-                cmp = ">" if step.op is Op.RMAX else "<"
-                self.w.line(f"{acc} = {x} {cmp} {acc} ? {x} : {acc};")
-                if is_float:
-                    self.w.line(f"{nan} |= {x} != {x};")
-        res = f"({nan} ? static_cast<{vt}>(NAN) : {acc})" if step.op is not Op.SUM and is_float else acc
-        if step.dtype in HALF:
-            res = f"aotc_round_{HALF[step.dtype]}({res})"
-        self.w.line(f"const {vt} aotc_red{j} = {res};")
 
     # -- matmul --
 
@@ -588,55 +460,6 @@ class KernelWriter:
             self.ctx.prefix = f"static_cast<{vtype(k.dtype)}>(aotc_acc)"
             for st in k.stores:
                 self.vals.store(st)
-
-
-LANES = 64  # positions of the last outer loop per chunk of a reduce across lanes (its accumulator arrays)
-
-
-def _unit_step(e: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
-    """How much ``e`` grows when ``var`` grows by one (not a number when ``e`` is not affine in it)."""
-    return sympy.expand(e.subs(var, var + 1) - e)
-
-
-def _across_lanes(k: K.Reduce) -> bool:
-    """Whether the reduce runs with its last outer loop innermost, vectorised across it (_reduce_lanes):
-    when every load and store is contiguous or constant along that loop and no load is contiguous along
-    the last reduce loop -- a max/avg pool over channels-last input (channels last, window rows and columns
-    the reduce loops), a column sum. The plain order would vectorise over a strided window (or not at all:
-    a 3x3 window's masked, data-dependent max stays scalar and branchy). Not for kernels with row stores
-    (softmax, norms) or a step that reads an earlier step (they need the row's result first)."""
-    if k.row_stores or not k.ranges or not k.reduce_ranges or k.has_gather:
-        return False
-    if any(isinstance(v, K.ReduceRef) for step in k.steps for v in K.walk(step.value)):
-        return False
-    i = K.loop_var("i", len(k.ranges) - 1)
-    r = K.loop_var("r", len(k.reduce_ranges) - 1)
-    loads = [v.index.expr for s in k.steps for v in K.walk(s.value) if isinstance(v, K.Load) and isinstance(v.index, K.Index)]
-    along = [_unit_step(sympy.sympify(e), i) for e in loads]
-    if not any(a == 1 for a in along) or any(a not in (0, 1) for a in along):
-        return False
-    if any(_unit_step(sympy.sympify(e), r) == 1 for e in loads):
-        return False
-    return all(_unit_step(sympy.sympify(st.index), i) == 1 for st in k.stores)
-
-
-def _lane_free(v: K.Value, lane: sympy.Symbol) -> bool:
-    """``v`` reads no buffer and no index that varies with ``lane``."""
-    for n in K.walk(v):
-        if isinstance(n, K.Load | K.Acc | K.ReduceRef | K.Prefix | K.Masked):
-            return False
-        if isinstance(n, K.Index) and lane in sympy.sympify(n.expr).free_symbols:
-            return False
-    return True
-
-
-def _reduce_init(step: K.Reduction) -> str:
-    vt = vtype(step.dtype)
-    if step.op is Op.SUM:
-        return f"static_cast<{vt}>(0)"
-    if step.dtype.is_float:
-        return f"{'-' if step.op is Op.RMAX else ''}static_cast<{vt}>(INFINITY)"
-    return f"std::numeric_limits<{vt}>::{'lowest' if step.op is Op.RMAX else 'max'}()"
 
 
 def _depthwise_nhwc(k: K.Conv) -> bool:

@@ -22,23 +22,22 @@ static void aotc_k_softmax([[maybe_unused]] const int64_t s0, const float* p_x, 
         aotc_nan0 |= t0 != t0;
       }
       const float aotc_red0 = (aotc_nan0 ? static_cast<float>(NAN) : aotc_acc0);
+      float aotc_row1_0[aotc_m0];
       float aotc_acc1 = 0;
       #pragma omp simd reduction(+:aotc_acc1)
       for (int64_t r0 = 0; r0 < aotc_m0; ++r0) {
         const float t1 = l_p_x[((37 * i0) + r0)];
         const float t2 = (t1 - aotc_red0);
         const float t3 = aotc_exp(t2);
+        aotc_row1_0[r0] = t3;
         aotc_acc1 += t3;
       }
       const float aotc_red1 = aotc_acc1;
       l_p_m[i0] = aotc_red0;
       #pragma omp simd
       for (int64_t r0 = 0; r0 < aotc_m0; ++r0) {
-        const float t4 = l_p_x[((37 * i0) + r0)];
-        const float t5 = (t4 - aotc_red0);
-        const float t6 = aotc_exp(t5);
-        const float t7 = (t6 / aotc_red1);
-        l_p_y[((37 * i0) + r0)] = t7;
+        const float t4 = (aotc_row1_0[r0] / aotc_red1);
+        l_p_y[((37 * i0) + r0)] = t4;
       }
     }
   });
