@@ -424,11 +424,11 @@ static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* const* rows, int
       out[c] = fin != NULL ? aotc_conv_fin<T>(acc, *fin, fin->bias, c0 + c) : acc;
     }
   };
-  for (int64_t ow = 0; ow < lo; ++ow) checked(ow, 0);
   const int64_t step = s.sw * sxw, tap = s.dw * sxw;
   const bool slide = KWC != 0 && s.sw == 1 && s.dw == 1;  // neighbouring outputs share KW - 1 input pixels
-  int64_t ow = lo;
-  for (; ow + OB <= hi; ow += OB) {
+  constexpr int KS = KWC ? KWC : 1;
+  // OB outputs from ow, every tap inside the row
+  auto interior = [&](int64_t ow) {
     const int64_t at = (ow * s.sw - s.pw) * sxw + c0;
     T* out = tile + ow * ldt;
     for (int64_t c = 0; c < cv; c += L) {
@@ -440,7 +440,6 @@ static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* const* rows, int
         const T* xk = rows[kh] + at + c;
         const T* wk = w0 + kh * KW * C + c;
         if (slide) {
-          constexpr int KS = KWC ? KWC : 1;
           V xv[OB + KS - 1], wv[KS];
 #pragma GCC unroll 8
           for (int kw = 0; kw < KS; ++kw) memcpy(&wv[kw], wk + kw * C, sizeof(V));
@@ -472,7 +471,50 @@ static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* const* rows, int
     }
     if (cv < cb)
       for (int j = 0; j < OB; ++j) checked(ow + j, cv);
+  };
+  if (slide) {
+    // Stride 1: the border pixels and a short row's tail run as blocks too, the input pixels outside the
+    // row read as zeros (per pixel, a one-pixel checked loop was most of a 7x7 or 14x14 row).
+    for (int64_t ow = 0; ow < s.OW; ow += OB) {
+      if (ow >= lo && ow + OB <= hi) {
+        interior(ow);
+        continue;
+      }
+      const int64_t nb = aotc_mm_min(OB, s.OW - ow), iw0 = ow - s.pw;
+      T* out = tile + ow * ldt;
+      for (int64_t c = 0; c < cv; c += L) {
+        V acc[OB];
+#pragma GCC unroll 8
+        for (int j = 0; j < OB; ++j) acc[j] = V{};
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          if (rows[kh] == NULL) continue;
+          const T* wk = w0 + kh * KW * C + c;
+          V xv[OB + KS - 1], wv[KS];
+#pragma GCC unroll 8
+          for (int kw = 0; kw < KS; ++kw) memcpy(&wv[kw], wk + kw * C, sizeof(V));
+#pragma GCC unroll 16
+          for (int j = 0; j < OB + KS - 1; ++j) {
+            xv[j] = V{};
+            if (iw0 + j >= 0 && iw0 + j < s.W) memcpy(&xv[j], rows[kh] + (iw0 + j) * sxw + c0 + c, sizeof(V));
+          }
+#pragma GCC unroll 8
+          for (int kw = 0; kw < KS; ++kw)
+#pragma GCC unroll 8
+            for (int j = 0; j < OB; ++j) acc[j] = aotc_vfma(xv[j + kw], wv[kw], acc[j]);
+        }
+        for (int j = 0; j < nb; ++j) {
+          const V v = fin != NULL ? aotc_conv_vfin<T>(acc[j], *fin, fin->bias, c0 + c) : acc[j];
+          memcpy(out + j * ldt + c, &v, sizeof(V));
+        }
+      }
+      if (cv < cb)
+        for (int j = 0; j < nb; ++j) checked(ow + j, cv);
+    }
+    return;
   }
+  for (int64_t ow = 0; ow < lo; ++ow) checked(ow, 0);
+  int64_t ow = lo;
+  for (; ow + OB <= hi; ow += OB) interior(ow);
   for (; ow < s.OW; ++ow) checked(ow, 0);
 }
 
