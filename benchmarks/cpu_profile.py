@@ -78,12 +78,15 @@ def main() -> None:
     from aotc_build.codegen import cpp
     from aotc_build.options import BuildOptions, parse_target
 
-    kinds: list[str] = []
+    kinds: list[str] = []  # per kernel function aotc_run calls (an inverted-residual block is one: "Block")
+    names: list[str] = []
     plain = cpp.generate
 
     def generate(prog, options, *rest):  # type: ignore[no-untyped-def]
-        kinds[:] = [type(k).__name__ for k in prog.kernels]
         src = plain(prog, options, *rest)
+        by_fn = {f"aotc_k_{k.name}": type(k).__name__ for k in prog.kernels}
+        names[:] = [m[2] for m in map(CALL.match, src.split("\n")) if m]
+        kinds[:] = ["Block" if n.endswith("_block") else by_fn.get(n, "?") for n in names]
         if args.source:
             args.source.write_text(src)
         return instrument(src, kinds)
@@ -127,7 +130,6 @@ def main() -> None:
         walls.append(time.perf_counter() - t)
     lib.aotc_prof_read(prof)
     ms = [prof[i] * 1e3 / args.calls for i in range(len(kinds))]
-    names = ex.spec.kernels
     total = sum(ms)
     print(f"{title}, {ex.target}, {args.threads} threads, {'CPU' if args.cpu_time else 'wall'} time, load {os.getloadavg()[0]:.1f}: "
           f"kernels {total:.2f} ms a call (wall: mean {np.mean(walls) * 1e3:.2f}, median {np.median(walls) * 1e3:.2f})")  # fmt: skip

@@ -15,14 +15,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack
+from dataclasses import replace
 
 import sympy
 from aotc.schema import INTERFACE_MARK
 
 from .. import kernel as K
-from ..ir import DType
+from ..ir import Op
 from ..options import BuildOptions
 from ..symbolic import to_c
+from .cpp_block import ROW_DST, clamp_of, depthwise_nhwc, find_blocks, in_place, write_block
 from .cpp_reduce import ReduceEmitter
 from .cpp_values import ACC_DTYPE, STORAGE, Kctx, Values, acc_type, operand_ptr, vtype
 from .writer import Writer
@@ -307,7 +309,7 @@ class KernelWriter(ReduceEmitter):
             self.w.line(f'static_assert({nr} * 4 % AOTC_VBYTES == 0, "conv weights packed for another vector width");')
             step = k.stride[1] * k.c_in  # input elements between horizontally adjacent output pixels (NHWC)
             return f"aotc_conv2d_packed<{at}, {nr} * 4 / AOTC_VBYTES, {step}>(aotc_s, {x}, aotc_xs, {wt}, ", True
-        if _depthwise_nhwc(k):
+        if depthwise_nhwc(k):
             return f"aotc_conv2d_dw<{at}>(aotc_s, {x}, aotc_xs, {wt} + {to_c(k.w.offset)}, ", True
         return f"aotc_conv2d<{at}>(aotc_s, {x}, aotc_xs, {wt}, aotc_ws, ", False
 
@@ -345,21 +347,9 @@ class KernelWriter(ReduceEmitter):
                     with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
                         self._epilogue()
 
-        def tile_nhwc() -> None:  # by output rows: no division per pixel
-            loop = "for (int64_t i2 = aotc_p0 / aotc_ow; i2 * aotc_ow < aotc_p0 + aotc_pb; ++i2)"
-            with self.w.block(loop):
-                self.w.line("const int64_t aotc_lo = aotc_max(aotc_p0 - i2 * aotc_ow, 0);")
-                self.w.line("const int64_t aotc_hi = aotc_min(aotc_p0 + aotc_pb - i2 * aotc_ow, aotc_ow);")
-                with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
-                    self.w.line(f"const {at}* aotc_row = aotc_tile + (i2 * aotc_ow + i3 - aotc_p0) * aotc_ldt;")
-                    self.ctx.acc = "aotc_row[i1 - aotc_oc0]"
-                    self.w.line(self._omp("simd"))
-                    with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
-                        self._epilogue()
-
         with self.w.block(head, "});"):
             self.w.line("const int64_t aotc_ow = aotc_s.OW;")
-            self._checked_epilogue(tile_nhwc if nhwc else tile)
+            self._checked_epilogue(self._tile_nhwc if nhwc else tile)
         if self.k.has_gather:
             self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
 
@@ -388,6 +378,37 @@ class KernelWriter(ReduceEmitter):
             with self.w.block(f"for (int64_t i3 = 0; i3 < {k.c_out}; ++i3)"):
                 self.w.line(f"const {at} aotc_red0 = aotc_row[i3];")
                 self._epilogue()
+
+    def _tile_nhwc(self) -> None:
+        """A conv epilogue over a channels-last tile: Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]."""
+        k = self.k
+        assert isinstance(k, K.Conv)
+        at = acc_type(k.x.dtype, k.w.dtype)
+        loop = "for (int64_t i2 = aotc_p0 / aotc_ow; i2 * aotc_ow < aotc_p0 + aotc_pb; ++i2)"  # by rows: no division per pixel
+        with self.w.block(loop):
+            self.w.line("const int64_t aotc_lo = aotc_max(aotc_p0 - i2 * aotc_ow, 0);")
+            self.w.line("const int64_t aotc_hi = aotc_min(aotc_p0 + aotc_pb - i2 * aotc_ow, aotc_ow);")
+            with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
+                self.w.line(f"const {at}* aotc_row = aotc_tile + (i2 * aotc_ow + i3 - aotc_p0) * aotc_ldt;")
+                self.ctx.acc = "aotc_row[i1 - aotc_oc0]"
+                self.w.line(self._omp("simd"))
+                with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
+                    self._epilogue()
+
+    def nhwc_epilogue(self, w: Writer, head: str, close: str, ow: str) -> None:
+        """This conv's channels-last epilogue as a lambda printed into ``w`` (``head`` opens it, ``close`` ends
+        it, ``ow``: the output width in C): a stage of cpp_block.py's fused block."""
+        k = self.k
+        assert isinstance(k, K.Conv)
+        self.ctx.acc_dtype = ACC_DTYPE[acc_type(k.x.dtype, k.w.dtype)]
+        saved = self.w
+        self.w = self.vals.w = w
+        try:
+            with w.block(head, close):
+                w.line(f"const int64_t aotc_ow = {ow};")
+                self._checked_epilogue(self._tile_nhwc)
+        finally:
+            self.w = self.vals.w = saved
 
     # -- attention --
 
@@ -462,13 +483,6 @@ class KernelWriter(ReduceEmitter):
                 self.vals.store(st)
 
 
-def _depthwise_nhwc(k: K.Conv) -> bool:
-    """A depthwise fp32 conv over channels-last input with its weight stored [kh][kw][C]."""
-    c = k.c_in
-    if not (k.groups == c == k.c_out and k.x.dtype is DType.f32 and k.w.dtype is DType.f32):
-        return False
-    xs, ws = [sympy.sympify(e) for e in k.x.strides], [sympy.sympify(e) for e in k.w.strides]
-    return xs[1] == 1 and ws[0] == 1 and ws[2] == k.kernel[1] * c and ws[3] == c
 
 
 # ---- the translation unit --------------------------------------------------------------------------------
@@ -527,8 +541,9 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
     uses = _uses(prog)
     if "Matmul" in uses or "Conv" in uses:
         headers.append("matmul.h")
+    blocks = find_blocks(prog)
     if "Conv" in uses:
-        headers.append("conv.h")
+        headers.append("conv_dw.h" if blocks else "conv.h")
     if any(isinstance(k, K.Conv) and k.pool is not None for k in prog.kernels):
         headers.append("conv_pool.h")
     if "Attention" in uses:
@@ -538,8 +553,19 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
     w.line()
     w.line("namespace {")
     w.line()
-    for k, fname in zip(prog.kernels, names, strict=True):
-        w.extend(KernelWriter(prog, k, fname, ptrs, numel).write().rstrip("\n").split("\n"))
+    calls: list[tuple[str, list[str]]] = []  # the function aotc_run calls and its buffers, in order
+    skip = 0
+    for j, (k, fname) in enumerate(zip(prog.kernels, names, strict=True)):
+        if skip:
+            skip -= 1
+            continue
+        if j in blocks:  # three kernels, one function
+            call, skip = f"{fname}_block", 2
+            text, used = _block(prog, blocks[j], call, ptrs, numel)
+        else:
+            call, text, used = fname, KernelWriter(prog, k, fname, ptrs, numel).write(), touched[k.name][0]
+        calls.append((call, used))
+        w.extend(text.rstrip("\n").split("\n"))
         w.line()
     w.line("}  // namespace")
     w.line()
@@ -573,8 +599,8 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
                 off = to_c(prog.arena_offsets.get(b.name, 0))
                 t = STORAGE[b.dtype]
                 w.line(f"{t}* {ptrs[b.name]} = reinterpret_cast<{t}*>(static_cast<char*>(arena) + {off});")
-            for k, fname in zip(prog.kernels, names, strict=True):
-                args = [s.name for s in prog.symbols] + [ptrs[b] for b in touched[k.name][0]]
+            for fname, used in calls:
+                args = [s.name for s in prog.symbols] + [ptrs[b] for b in used]
                 w.line(f"{fname}({', '.join(args)});")
             w.line("return 0;")
         with w.block("catch (const std::exception& e)"):
@@ -584,3 +610,28 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
             w.line('aotc_set_error(err, errlen, "unknown C++ exception");')
             w.line("return AOTC_ERR_UNKNOWN;")
     return w.text()
+
+
+def _block(
+    prog: K.Program, convs: tuple[K.Conv, K.Conv, K.Conv], fname: str, ptrs: dict[str, str], numel: dict[str, str]
+) -> tuple[str, list[str]]:
+    """An inverted-residual block's fused function (cpp_block.py) and the buffers it takes: the three
+    kernels' buffers but the two row tensors that now stay in the template's row buffers."""
+    e, d, p = convs
+    rows = {e.stores[0].buf, d.stores[0].buf}
+    stages = []
+    for k in convs:
+        stage = k if k is p else replace(k, stores=(in_place(k.stores[0]),))
+        kw = KernelWriter(prog, stage, fname, ptrs, numel)
+        if stage.stores[0].buf in rows:
+            kw.ctx.bufs[stage.stores[0].buf] = ROW_DST
+        stages.append(kw)
+    bufs = [b for b in dict.fromkeys(b for k in convs for b in kernel_buffers(k)[0]) if b not in rows]
+    written = set(kernel_buffers(p)[1])
+    params = [f"[[maybe_unused]] const int64_t {s.name}" for s in prog.symbols]
+    for b in bufs:
+        t = STORAGE[prog.buffer(b).dtype]
+        params.append(f"{'' if b in written else 'const '}{t}* {ptrs[b]}")
+    weights = {b.name for b in prog.weights}
+    clamps = (clamp_of(e.stores[0], weights), clamp_of(d.stores[0], weights))
+    return write_block(fname, params, (stages[0], stages[1], stages[2]), clamps), bufs

@@ -1,0 +1,298 @@
+// An inverted-residual block (MobileNetV2's expand 1x1 -> depthwise -> project 1x1) in one pass over the
+// image, row by row, so that the expanded activations (6x the block's input and output) never leave the
+// cache: each thread keeps a ring of KH expanded input rows, runs the depthwise conv over them into one
+// row, and projects that row straight away. Run as three kernels the 6x tensor is written and read twice
+// (expand -> dw -> project): on the first blocks of MobileNetV2 (96 x 112 x 112 floats, 4.8 MB each way)
+// that traffic, not arithmetic, is the time.
+//
+//   aotc_conv_block<T, NVE, NVP>(se, x, xs, we, sd, wd, sp, wp, epi_e, epi_d, epi_p)
+//     se: the expand conv's shape (1x1, stride 1, unpadded, groups 1); x its channels-last input (channel
+//         stride 1, any n/h/w strides); we its weight packed as aotc_conv2d_packed's (panels of NVE vectors).
+//     sd: the depthwise conv's shape (groups == C == O == se.O, dilation 1); wd its weight [kh][kw][C].
+//     sp: the project conv's shape (1x1, stride 1, unpadded, groups 1, C == se.O); wp packed (NVP vectors).
+//   Epilogues: epi_e and epi_d get a run of pixels,  epi(n, p0, pb, oc0, ocb, tile, ldt, dst),  tile as
+//   aotc_conv2d_packed's (Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]), and store their value of
+//   pixel p, channel oc at dst[(p - p0) * ldt + oc]: the rows the next stage reads (for epi_d the tile
+//   itself: in place). epi_p is aotc_conv2d_packed's epilogue, writing the block's output. epi_e and epi_d
+//   may instead be an aotc_conv_clamp<T> (bias, ReLU6: conv.h), applied to the accumulators in registers:
+//   no pass over the rows at all.
+//
+// Steps: R output rows at a time (at least AOTC_BLOCK_PIXELS pixels: full micro-kernel strips on a 7x7
+// image too), from a ring of the (R - 1) * sh + KH input rows they need; each step expands only the rows
+// the ring does not hold yet. Threads: one task per (image, strip of output rows); a strip recomputes the
+// KH - sh expanded rows it shares with the strip above (a few percent at 112 rows), so batch 1 splits
+// over rows, not images.
+// Epilogues run inside the pool's tasks and must not throw.
+#ifndef AOTC_CONV_DW_H
+#define AOTC_CONV_DW_H
+
+#ifdef AOTC_SELFTEST_CONV_DW  // small shapes on two threads, in strips of two rows
+#define AOTC_MM_FLOPS_PER_THREAD 1.0
+#define AOTC_BLOCK_ROWS_PER_STRIP 2
+#define AOTC_BLOCK_PIXELS 24
+#endif
+
+#include <algorithm>
+
+#include "conv.h"
+
+#ifndef AOTC_BLOCK_ROWS_PER_STRIP
+#define AOTC_BLOCK_ROWS_PER_STRIP 8  // output rows per task at least (each task recomputes KH - sh rows)
+#endif
+#ifndef AOTC_BLOCK_PIXELS
+#define AOTC_BLOCK_PIXELS 96  // pixels per 1x1 call at most, and output pixels per step at least (a multiple of every MR)
+#endif
+
+// An MR x NR block of a 1x1 conv (aotc_conv_micro's, one tap of C channels) with ``fin`` applied in
+// registers before the store; ``bias`` is the panel's (channels past O read zeros there), or NULL.
+template <class T, int MR, int NV>
+static inline void aotc_block_micro(int64_t C, const T* const* a, const T* __restrict bp, T* c, int64_t ldc,
+                                    const aotc_conv_clamp<T>& fin, const T* bias) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L;
+  V acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < C; ++k) {
+    V bv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) memcpy(&bv[j], bp + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const V av = aotc_vset1(a[i][k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      const V v = aotc_conv_vfin<T>(acc[i][j], fin, bias, j * L);
+      memcpy(c + i * ldc + j * L, &v, sizeof(V));
+    }
+}
+
+// The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
+// packed weight wp, O output channels, into c[p - q][0 .. roundup(O, NR)). Without ``fin`` c has
+// roundup(np, MR) rows (the last strip's padding rows are written too); with it, ``fin`` is applied in
+// registers (``bias``: image n's, roundup(O, NR) long, or NULL) and only np rows are written: a last
+// partial strip goes through ``tail`` (MR x ldc).
+template <class T, int NV>
+static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t W, int64_t q, int64_t np, int64_t C,
+                                  int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
+                                  const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int NR = NV * (int)(sizeof(V) / sizeof(T)), MR = aotc_conv_mr<NV>::value;
+  const int64_t strips = (np + MR - 1) / MR;
+  for (int64_t i = 0, h = q / W, w = q % W; i < strips * MR; ++i) {
+    ind[i] = i < np ? xn + h * sxh + w * sxw : ind[0];  // past np: any real pixel
+    if (++w == W) w = 0, ++h;
+  }
+  for (int64_t js = 0; js < O; js += NR)
+    for (int64_t si = 0; si < strips; ++si) {
+      if (fin == NULL) {
+        aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * C, c + si * MR * ldc + js, ldc);
+        continue;
+      }
+      const T* b = bias != NULL ? bias + js : NULL;
+      if (si * MR + MR <= np) {
+        aotc_block_micro<T, MR, NV>(C, ind + si * MR, wp + js * C, c + si * MR * ldc + js, ldc, *fin, b);
+        continue;
+      }
+      aotc_block_micro<T, MR, NV>(C, ind + si * MR, wp + js * C, tail + js, ldc, *fin, b);
+      for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
+    }
+}
+
+// Whether a stage's epilogue is the register one (aotc_conv_clamp) rather than a lambda over rows.
+template <class T, class Epi>
+struct aotc_block_fin : std::is_same<typename std::decay<Epi>::type, aotc_conv_clamp<T>> {};
+
+template <class T, int NVE, int NVP, class EpiE, class EpiD, class EpiP>
+void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs, const T* we, const aotc_conv_shape& sd,
+                     const T* wd, const aotc_conv_shape& sp, const T* wp, EpiE epi_e, EpiD epi_d, EpiP epi_p) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NRE = NVE * L, NRP = NVP * L, EP = AOTC_BLOCK_PIXELS;
+  static_assert(EP % aotc_conv_mr<NVE>::value == 0 && EP % aotc_conv_mr<NVP>::value == 0, "AOTC_BLOCK_PIXELS: a multiple of MR");
+  if (sd.N <= 0 || sd.OH <= 0 || sd.OW <= 0 || sd.C <= 0) return;
+  const int64_t N = sd.N, H = sd.H, W = sd.W, OH = sd.OH, OW = sd.OW, hid = sd.C, KH = sd.KH, sh = sd.sh;
+  const int64_t ldr = aotc_roundup(hid, NRE);  // pitch of an expanded pixel (the expand's tile)
+  const int64_t ldd = aotc_roundup(hid, L);    // pitch of a depthwise output pixel
+  const int64_t ldp = aotc_roundup(sp.O, NRP); // pitch of a projected pixel
+  // Per step R output rows (at least EP pixels when the image has them) from a ring of the cap input rows they need.
+  const int64_t R = aotc_mm_min((EP + OW - 1) / OW, OH), cap = (R - 1) * sh + KH;
+  const int64_t align = 64 / (int64_t)sizeof(T), ptr = (int64_t)((sizeof(void*) + sizeof(T) - 1) / sizeof(T));
+  const int64_t ring_sz = aotc_roundup(cap * W * ldr, align), etile_sz = aotc_roundup(EP * ldr, align);
+  const int64_t drow_sz = aotc_roundup(R * OW * ldd, align), ptile_sz = aotc_roundup(EP * ldp, align);
+  const int64_t ind_sz = aotc_roundup((EP + KH) * ptr, align);  // pixel pointers, then KH row pointers
+  const int64_t per = ring_sz + etile_sz + drow_sz + ptile_sz + ind_sz + aotc_roundup(ldr, align);  // + the expand's bias
+  // Threads by flops; strips so that every thread gets one and none is much under ROWS_PER_STRIP rows.
+  const double flops = 2.0 * (double)N * ((double)H * W * se.C * hid + (double)OH * OW * hid * (KH * sd.KW + sp.O));
+  const bool nested = aotc_pool_inside || omp_in_parallel();
+  const int64_t most = nested ? 1 : aotc_pool_threads();
+  int64_t threads = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD));
+  if (threads < 1) threads = 1;
+  int64_t strips = 1;
+  if (threads > N) {
+    strips = aotc_mm_min((threads + N - 1) / N, (OH + AOTC_BLOCK_ROWS_PER_STRIP - 1) / AOTC_BLOCK_ROWS_PER_STRIP);
+    if (strips < 1) strips = 1;
+  }
+  const int64_t tasks = N * strips;
+  threads = aotc_mm_min(threads, tasks);
+  const size_t bytes = (size_t)(per * threads) * sizeof(T);
+  T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
+  if (nested && own == NULL) throw std::bad_alloc();
+  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  aotc_pool_run(tasks, (int)threads, [&](int64_t task, int slot) {
+    T* ring = ws_all + (int64_t)slot * per;  // input row ih at ring + (ih % cap) * W * ldr
+    T* etile = ring + ring_sz;
+    T* drow = etile + etile_sz;
+    T* ptile = drow + drow_sz;
+    const T** ind = reinterpret_cast<const T**>(ptile + ptile_sz);
+    const T** rows = ind + EP;
+    T* ebias = ptile + ptile_sz + ind_sz;  // the expand's bias for image n, zero past hid (its packed panels' width)
+    const int64_t n = task / strips, st = task % strips;
+    const aotc_conv_clamp<T>* fin_e = NULL;
+    aotc_conv_clamp<T> fin_d{NULL, 0, T(0), T(0)};
+    if constexpr (aotc_block_fin<T, EpiE>::value) {
+      fin_e = &epi_e;
+      for (int64_t c = 0; c < ldr; ++c) ebias[c] = epi_e.bias != NULL && c < hid ? epi_e.bias[n * epi_e.bias_n + c] : T(0);
+    }
+    if constexpr (aotc_block_fin<T, EpiD>::value) {
+      fin_d = epi_d;
+      if (fin_d.bias != NULL) fin_d.bias += n * fin_d.bias_n;
+    }
+    const int64_t oh0 = st * OH / strips, oh1 = (st + 1) * OH / strips;
+    const T* xn = x + xs.off + n * xs.s0;
+    int64_t have = 0;  // input rows [.., have) of this strip are in the ring (the last cap of them)
+    for (int64_t oh = oh0; oh < oh1; oh += R) {
+      const int64_t r = aotc_mm_min(R, oh1 - oh);
+      const int64_t need0 = std::max<int64_t>(oh * sh - sd.ph, 0);
+      const int64_t need1 = aotc_mm_min((oh + r - 1) * sh - sd.ph + KH, H);  // dilation 1: consecutive rows
+      // expand the rows not in the ring yet, in pieces of at most EP pixels that do not wrap around it
+      for (int64_t q = std::max<int64_t>(need0, oh == oh0 ? need0 : have) * W; q < need1 * W;) {
+        const int64_t ih = q / W, wrap = (ih - ih % cap + cap) * W;
+        const int64_t np = aotc_mm_min(aotc_mm_min((int64_t)EP, need1 * W - q), wrap - q);
+        T* dst = ring + ((ih % cap) * W + q % W) * ldr;
+        if constexpr (aotc_block_fin<T, EpiE>::value) {
+          aotc_block_1x1<T, NVE>(xn, xs.s2, xs.s3, W, q, np, se.C, hid, we, ind, dst, ldr, fin_e, ebias, etile);
+        } else {
+          aotc_block_1x1<T, NVE>(xn, xs.s2, xs.s3, W, q, np, se.C, hid, we, ind, etile, ldr);
+          epi_e(n, q, np, (int64_t)0, hid, (const T*)etile, ldr, dst);
+        }
+        q += np;
+      }
+      if (need1 > have) have = need1;
+      for (int64_t j = 0; j < r; ++j) {
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          const int64_t ih = (oh + j) * sh - sd.ph + kh;
+          rows[kh] = ih >= 0 && ih < H ? ring + (ih % cap) * W * ldr : NULL;
+        }
+        const aotc_conv_clamp<T>* fd = aotc_block_fin<T, EpiD>::value ? &fin_d : NULL;
+        if (sd.KW == 3)
+          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, 0, hid, drow + j * OW * ldd, ldd, fd);
+        else
+          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, 0, hid, drow + j * OW * ldd, ldd, fd);
+      }
+      if constexpr (!aotc_block_fin<T, EpiD>::value) epi_d(n, oh * OW, r * OW, (int64_t)0, hid, (const T*)drow, ldd, drow);
+      for (int64_t q = 0; q < r * OW; q += EP) {
+        const int64_t np = aotc_mm_min((int64_t)EP, r * OW - q);
+        aotc_block_1x1<T, NVP>(drow, 0, ldd, r * OW, q, np, hid, sp.O, wp, ind, ptile, ldp);
+        epi_p(n, oh * OW + q, np, (int64_t)0, sp.O, (const T*)ptile, ldp);
+      }
+    }
+  });
+  free(own);
+}
+
+#ifdef AOTC_SELFTEST_CONV_DW
+// The block against the three kernels it replaces (aotc_conv2d_packed, aotc_conv2d_dw, aotc_conv2d_packed)
+// with ReLU6 after the first two and a residual after the last, on small integer data (exact in fp32).
+#include <stdio.h>
+
+template <int NVE, int NVP>
+static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t hid, int64_t O, int64_t stride,
+                            int threads, bool fin = false) {
+  constexpr int L = AOTC_VBYTES / 4, NRE = NVE * L, NRP = NVP * L;
+  const int64_t OH = (H - 1) / stride + 1, OW = (W - 1) / stride + 1;
+  const aotc_conv_shape se{N, C, H, W, hid, 1, 1, H, W, 1, 1, 0, 0, 1, 1, 1};
+  const aotc_conv_shape sd{N, hid, H, W, hid, 3, 3, OH, OW, stride, stride, 1, 1, 1, 1, hid};
+  const aotc_conv_shape sp{N, hid, OH, OW, O, 1, 1, OH, OW, 1, 1, 0, 0, 1, 1, 1};
+  std::vector<float> x(N * H * W * C), we((hid + NRE - 1) / NRE * NRE * C, 0.0f), wd(9 * hid);
+  std::vector<float> wp((O + NRP - 1) / NRP * NRP * hid, 0.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 7) % 5) - 2.0f;
+  for (int64_t o = 0; o < hid; ++o)
+    for (int64_t c = 0; c < C; ++c) we[(o / NRE * C + c) * NRE + o % NRE] = (float)((o * 3 + c) % 5) - 2.0f;
+  for (size_t i = 0; i < wd.size(); ++i) wd[i] = (float)((i * 5) % 7) - 3.0f;
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t c = 0; c < hid; ++c) wp[(o / NRP * hid + c) * NRP + o % NRP] = (float)((o + 2 * c) % 3) - 1.0f;
+  const bool res = stride == 1 && C == O;
+  auto relu6 = [](float v) { return v < 0 ? 0.0f : v > 6 ? 6.0f : v; };
+  // the three kernels through full-size buffers
+  std::vector<float> e(N * H * W * hid), d(N * OH * OW * hid), want(N * OH * OW * O), got(want.size(), -1.0f);
+  const aotc_conv_strides xs{0, H * W * C, 1, W * C, C}, es{0, H * W * hid, 1, W * hid, hid};
+  const aotc_conv_strides ds{0, OH * OW * hid, 1, OW * hid, hid};
+  aotc_pool_set_threads(threads);
+  aotc_conv2d_packed<float, NVE>(se, x.data(), xs, we.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
+    for (int64_t p = p0; p < p0 + pb; ++p)
+      for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) e[(n * H * W + p) * hid + oc] = relu6(t[(p - p0) * ldt + oc - oc0] - 1);
+  });
+  aotc_conv2d_dw<float>(sd, e.data(), es, wd.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
+    for (int64_t p = p0; p < p0 + pb; ++p)
+      for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) d[(n * OH * OW + p) * hid + oc] = relu6(t[(p - p0) * ldt + oc - oc0] + 2);
+  });
+  aotc_conv2d_packed<float, NVP>(sp, d.data(), ds, wp.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
+    for (int64_t p = p0; p < p0 + pb; ++p)
+      for (int64_t oc = oc0; oc < oc0 + ocb; ++oc)
+        want[(n * OH * OW + p) * O + oc] = t[(p - p0) * ldt + oc - oc0] + (res ? x[(n * H * W + p) * C + oc] : 0.0f);
+  });
+  auto row_epi = [&](float bias) {
+    return [=](int64_t, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt, float* dst) {
+      for (int64_t p = p0; p < p0 + pb; ++p)
+        for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) dst[(p - p0) * ldt + oc] = relu6(t[(p - p0) * ldt + oc - oc0] + bias);
+    };
+  };
+  auto out_epi = [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
+    for (int64_t p = p0; p < p0 + pb; ++p)
+      for (int64_t oc = oc0; oc < oc0 + ocb; ++oc)
+        got[(n * OH * OW + p) * O + oc] = t[(p - p0) * ldt + oc - oc0] + (res ? x[(n * H * W + p) * C + oc] : 0.0f);
+  };
+  if (fin) {  // the register epilogues: a per-image bias for the expand, one shared by the images for the depthwise
+    std::vector<float> be(N * hid, -1.0f), bd(hid, 2.0f);
+    const aotc_conv_clamp<float> fe{be.data(), hid, 0.0f, 6.0f}, fd{bd.data(), 0, 0.0f, 6.0f};
+    aotc_conv_block<float, NVE, NVP>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fd, out_epi);
+  } else {
+    aotc_conv_block<float, NVE, NVP>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), row_epi(-1), row_epi(2), out_epi);
+  }
+  int fails = 0;
+  for (size_t i = 0; i < got.size(); ++i) fails += got[i] != want[i];
+  if (fails) printf("block N=%ld C=%ld %ldx%ld hid=%ld O=%ld stride %ld threads %d fin %d: %d wrong\n", (long)N, (long)C,
+                    (long)H, (long)W, (long)hid, (long)O, (long)stride, threads, (int)fin, fails);
+  return fails;
+}
+
+int main() {
+  int fails = 0;
+  for (int t = 0; t < 4; ++t) {
+    const int threads = 1 + t % 2;
+    const bool fin = t >= 2;
+    fails += aotc_block_check<2, 2>(1, 16, 19, 21, 96, 16, 1, threads, fin);  // residual
+    fails += aotc_block_check<2, 1>(1, 16, 19, 21, 96, 24, 2, threads, fin);  // stride 2, one-vector panel
+    fails += aotc_block_check<1, 2>(2, 5, 7, 9, 30, 37, 1, threads, fin);  // odd channels, two images
+    fails += aotc_block_check<2, 2>(2, 24, 6, 5, 144, 24, 2, threads, fin);  // odd sizes, stride 2
+    fails += aotc_block_check<1, 1>(1, 3, 1, 1, 7, 3, 1, threads, fin);  // one pixel
+    fails += aotc_block_check<2, 2>(1, 8, 40, 3, 20, 8, 1, threads, fin);  // tall: several strips
+    fails += aotc_block_check<1, 2>(1, 8, 5, 61, 24, 8, 2, threads, fin);  // rows wider than a 1x1 call
+    fails += aotc_block_check<2, 1>(3, 7, 7, 7, 40, 9, 1, threads, fin);  // 7x7: one step a strip
+  }
+  return fails != 0;
+}
+#endif
+
+#endif  // AOTC_CONV_DW_H
