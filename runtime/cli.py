@@ -252,15 +252,15 @@ def inspect(package: Path, as_json: bool, trusted_key: tuple[str, ...], require_
     10 if its signature does not match it)."""
     with _errors():
         keys = trusted_keys(require_signature, trusted_key)
-        trusted: tuple[Any, ...] = ()
+        trusted = None
         if keys is not None:
             from .signing import public_keys
 
             trusted = public_keys(keys)
-        pkg = Package(package, trusted or None)
+        pkg = Package(package, trusted)
         m = pkg.manifest
         status = {name: ("ok" if pkg.check(name) else "MISMATCH") for name in m.members}
-        signature, forged = _signature_state(pkg, trusted)
+        signature, forged = _signature_state(pkg, trusted or ())
         if as_json:
             click.echo(
                 json.dumps(

@@ -24,9 +24,9 @@ import stat
 import struct
 import threading
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -47,8 +47,6 @@ from .schema import numpy_dtype as _np_dtype
 
 if TYPE_CHECKING:
     from dataclasses import dataclass
-
-    from .signing import PublicKey
 else:
     from .records import dataclass  # no methods compiled at import (see aotc.records)
 
@@ -249,15 +247,21 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
     return raw[skip : skip + nbytes]
 
 
+class Trust(Protocol):
+    """What ``Package`` needs of trusted keys (``aotc.signing.TrustedKeys``): the signer, or a refusal."""
+
+    def check(self, buf: mmap.mmap, entries: Mapping[str, Any], manifest: bytes, path: Path) -> object: ...
+
+
 # ---- the package ---------------------------------------------------------------------------------------
 
 
 class Package:
     """An opened package: checked structure and manifest; members handed out only after their hash matched."""
 
-    def __init__(self, path: str | Path, trusted_keys: Sequence[PublicKey] | None = None) -> None:
-        """``trusted_keys``: when given, the package must be signed by one of them (``aotc.signing``),
-        checked before the manifest is parsed; ``signer`` is then the key that signed it."""
+    def __init__(self, path: str | Path, trusted_keys: Trust | None = None) -> None:
+        """``trusted_keys`` (``aotc.signing.public_keys``): when given, the package must be signed by one of
+        them, checked before the manifest is parsed; ``signer`` is then the key that signed it."""
         self.path = Path(path)
         self._mm = _map(self.path)
         self.size = len(self._mm)
@@ -270,11 +274,9 @@ class Package:
         if me.size > MAX_MANIFEST_BYTES:
             raise _corrupt(self.path, f"{MANIFEST} is {me.size} bytes, over the {MAX_MANIFEST_BYTES} byte limit")
         text = self._mm[me.offset : me.offset + me.size]
-        self.signer: PublicKey | None = None
+        self.signer: object = None
         if trusted_keys is not None:  # an unsigned or forged manifest is refused before it is parsed
-            from . import signing
-
-            self.signer = signing.check(self._mm, signing.ranges(self.entries), text, trusted_keys, self.path)
+            self.signer = trusted_keys.check(self._mm, self.entries, text, self.path)
         # The manifest cannot list its own hash; its CRC-32 still catches a flipped digit in a shape.
         if zlib.crc32(text) != me.crc:
             raise _corrupt(self.path, f"{MANIFEST} fails its CRC-32 check")

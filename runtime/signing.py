@@ -138,11 +138,19 @@ def public_key(spec: TrustedKey) -> PublicKey:
     return PublicKey(key.public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw))
 
 
-def public_keys(specs: Iterable[TrustedKey]) -> tuple[PublicKey, ...]:
+class TrustedKeys(tuple[PublicKey, ...]):
+    """The keys a package must be signed by; ``aotc.package.Package`` calls ``check`` (so that the package
+    reader does not import this module, which imports it to sign)."""
+
+    def check(self, buf: Buf, entries: Mapping[str, Any], manifest: bytes | memoryview, path: Path) -> PublicKey:
+        return check(buf, ranges(entries), manifest, self, path)
+
+
+def public_keys(specs: Iterable[TrustedKey]) -> TrustedKeys:
     """Every trusted key, read and parsed now (a bad key file is a UsageError before any package is read)."""
     if isinstance(specs, str | bytes | os.PathLike) or not isinstance(specs, Iterable):
         raise UsageError(f"trusted_keys is a list of key paths or PEM bytes, got {type(specs).__name__}")
-    keys = tuple(public_key(s) for s in specs)
+    keys = TrustedKeys(public_key(s) for s in specs)
     if not keys:
         raise UsageError("trusted_keys is empty: name at least one public key (or pass None to load unsigned packages)")
     return keys
