@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import sympy
 
@@ -24,7 +24,19 @@ from ..symbolic import to_c
 from .writer import Writer
 
 if TYPE_CHECKING:
-    from .cpp import KernelWriter
+    from .cpp_values import Kctx
+
+
+class KernelWriter(Protocol):
+    """What a block stage needs of aot/codegen/cpp.py's KernelWriter (a Protocol: cpp.py imports this module)."""
+
+    @property
+    def k(self) -> K.Kernel: ...
+
+    @property
+    def ctx(self) -> Kctx: ...
+
+    def nhwc_epilogue(self, w: Writer, head: str, close: str, ow: str) -> None: ...
 
 ROW_PITCH = sympy.Symbol("aotc_ldt", integer=True, positive=True)  # the row buffer's pitch (the tile's ldt)
 ROW_DST = "aotc_dst"  # the row buffer an in-place epilogue stores into
@@ -210,6 +222,7 @@ def write_block(
     prints as ROW_DST."""
     e, d, p = stages
     ke, kd, kp = e.k, d.k, p.k
+    assert isinstance(ke, K.Conv) and isinstance(kd, K.Conv) and isinstance(kp, K.Conv)
     assert isinstance(ke, K.Conv) and isinstance(kd, K.Conv) and isinstance(kp, K.Conv)
     w = Writer("  ")
     body = Writer("  ", depth=1)
