@@ -14,6 +14,7 @@
 #            SBS_WARM_JOBS; seen: 12 max-autotune warms side by side take ~200 s each and ResNet-50/Llama did not
 #            finish in 400 s: warm one precision a call, then sbs-run in a call made at once, while the machine is warm),
 #            SBS_JOBS, SBS_TUNE=1: tune on this GPU, which the build then sees).
+# safety:    tests/gpu/test_safety_gpu.py and test_token_ids_gpu.py (they build their own packages here).
 # tune:      benchmarks/tune_table.py --write-table (TUNE_MODELS, TUNE_PRECISIONS); sm_90.json comes back in $OUT.
 # .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
 set -uo pipefail
@@ -98,6 +99,9 @@ PY
       CUDA_VISIBLE_DEVICES= python3 tests/gpu/build_artifacts.py /tmp/cases > "$OUT/cases_build.log" 2>&1 || tail -20 "$OUT/cases_build.log"
       AOTC_GPU_ARTIFACTS=/tmp/cases AOTC_GPU_RESULTS="$OUT/cases.jsonl" timeout 300 python3 -m pytest -q -p no:cacheprovider \
         --confcutdir tests/gpu tests/gpu/test_cuda_cases.py tests/gpu/test_torch_interop.py 2>&1 | tee "$OUT/pytest_cases.log" | tail -15 ;;
+    safety)  # issue 12/13 on a real GPU: threads, close during calls, OOM, the PTX path, token-id checks
+      timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_safety_gpu.py tests/gpu/test_token_ids_gpu.py \
+        2>&1 | tee "$OUT/pytest_safety.log" | tail -25 ;;
     sbs-build)
       PYTHONPATH=$ZOOPATH python3 benchmarks/gpu_side_by_side.py build "${SBS_DIR:-/tmp/sbs}" --precisions "${SBS_PRECISIONS:-bf16}" \
         ${SBS_MODELS:+--models "$SBS_MODELS"} --jobs "${SBS_JOBS:-12}" $([ "${SBS_TUNE:-0}" = 1 ] && echo --tune) 2>&1 | grep -v Warn | tee -a "$OUT/sbs_build.log" | grep -E "built|FAIL|all" ;;

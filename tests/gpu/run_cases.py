@@ -31,7 +31,7 @@ from _paths import ensure_importable  # noqa: E402
 ensure_importable()
 
 import numpy as np  # noqa: E402
-from aotc import cuda, schema  # noqa: E402
+from aotc import cuda, cuda_ptx, schema  # noqa: E402
 from aotc.errors import DeviceError, IncompatiblePackage, PackageCorrupt  # noqa: E402
 
 
@@ -195,8 +195,14 @@ def refusals(art: Path) -> dict[str, Any]:
         except Exception as e:  # the wrong type of error is a failure too
             out[name] = f"wrong {type(e).__name__}: {e}"
 
-    other = dataclasses.replace(t, arch="sm_80")
-    expect("other_arch", IncompatiblePackage, lambda: cuda.pick_target([other]))
+    newer_arch = dataclasses.replace(t, arch="sm_100")  # neither its cubins nor its PTX run on an older GPU
+    expect("newer_arch", IncompatiblePackage, lambda: cuda.pick_target([newer_arch]))
+    older = dataclasses.replace(t, arch="sm_80")  # format 5 carries PTX: the driver compiles it for this GPU
+    if cuda_ptx.has_ptx(older):
+        picked, jit = cuda.choose([older])
+        out["older_arch_jit"] = "ok" if picked is older and jit else f"picked {picked and picked.arch}, jit={jit}"
+    else:
+        expect("older_arch_no_ptx", IncompatiblePackage, lambda: cuda.pick_target([older]))
     newer = dataclasses.replace(t, min_driver=99000)
     expect("newer_driver", IncompatiblePackage, lambda: cuda.pick_target([newer]))
     out["no_cuda_target"] = "ok" if cuda.pick_target([]) is None else "returned a target"
