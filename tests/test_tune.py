@@ -77,9 +77,24 @@ def test_fp16_and_bf16_and_bf16_precision_choose_alike() -> None:
     assert candidates(Shape("matmul", "other", 64, 64, 64), 90) == [Config(16, 16, 16, 4, 1)]
 
 
-def test_fp32_candidates_are_moderate() -> None:
-    for c in candidates(Shape("matmul", "f32", 1024, 1024, 1024), 90):
-        assert c.block_k == 32 and c.block_m * c.block_n <= 128 * 128
+def test_fp32_candidates_follow_the_units() -> None:
+    """fp32 convs run as tf32x3 on tensor-core tiles from sm_80; matmuls (and convs before sm_80) as ieee FMA
+    with moderate tiles."""
+    for kind, sm in (("matmul", 90), ("conv", 75)):
+        for c in candidates(Shape(kind, "f32", 1024, 1024, 1024), sm):
+            assert c.block_k == 32 and c.block_m * c.block_n <= 128 * 128
+    for c in candidates(Shape("conv", "f32", 4096, 4096, 4096), 90):
+        assert c.block_m >= 64 and c.block_k == 32 and c.smem(4) <= configs.SMEM[90]
+
+
+def test_fp32_dot_line_by_sm() -> None:
+    from aotc_build.codegen.triton.templates.dot import dot_line
+
+    fp32 = BuildOptions()
+    assert 'input_precision="tf32x3"' in dot_line("a", "b", DType.f32, fp32, 90, "conv")
+    assert 'input_precision="ieee"' in dot_line("a", "b", DType.f32, fp32, 75, "conv")
+    assert 'input_precision="ieee"' in dot_line("a", "b", DType.f32, fp32, 90, "matmul")
+    assert 'input_precision="tf32"' in dot_line("a", "b", DType.f32, BuildOptions(precision="tf32"), 90)
 
 
 def test_table_hit_wins_over_the_heuristic(monkeypatch: pytest.MonkeyPatch) -> None:

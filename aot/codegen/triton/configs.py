@@ -66,8 +66,8 @@ class Config:
 @dataclass(frozen=True)
 class Shape:
     """What a config choice depends on. ``mode``: "f16" (bf16 and fp16 alike: both are 2-byte tensor-core
-    types), "tf32" (fp32 operands on tensor cores, ``--precision tf32``), "f32" (ieee fp32 on FMA units), or
-    "other" (fp64/integers: the broadcast-sum fallback)."""
+    types), "tf32" (fp32 operands on tensor cores, ``--precision tf32``), "f32" (fp32: three TF32 products on
+    the tensor cores from sm_80, ieee FMA before; see ``tensor_f32``), or "other" (fp64/integers: the broadcast-sum fallback)."""
 
     kind: str  # "matmul" | "conv" | "attention" | "attention_causal" | "reduce"
     mode: str
@@ -92,6 +92,13 @@ def dot_mode(dt: DType, options: BuildOptions) -> str:
     if dt is DType.f32 and options.precision == "tf32":  # tensor cores on 4-byte operands
         return "tf32"
     return "f32" if dt is DType.f32 else "other"
+
+
+def tensor_f32(mode: str, sm: int, kind: str) -> bool:
+    """Whether fp32 dots run on the tensor cores (as tf32x3, templates/dot.py): convolutions from sm_80 on.
+    Measured on the H200 (fp32 zoo): ResNet-50 8.2 -> 2.1 ms, MobileNetV2 1.8 -> 0.8; matmuls with the
+    untuned tensor-core tiles lost (ViT-B 10.6 -> 12.0 ms, BERT 6.2 -> 8.4), so they stay on FMA until tuned."""
+    return mode == "f32" and sm >= 80 and kind == "conv"
 
 
 def _pow2_tile(n: int, big: int) -> int:
@@ -121,12 +128,13 @@ def candidates(s: Shape, sm: int) -> list[Config]:
     if s.mode == "other" or sm < 80:
         return [_fallback(s, sm)]
     itemsize = 2 if s.mode == "f16" else 4
-    table = {"f16": _F16, "tf32": _TF32}.get(s.mode, _F32)
+    x3 = tensor_f32(s.mode, sm, s.kind)
+    table = _TF32 if x3 else {"f16": _F16, "tf32": _TF32}.get(s.mode, _F32)
     limit = SMEM.get(sm, 101376) - 4096  # headroom for the epilogue's layout conversion
     out: list[Config] = []
     for bm, bn, bk, w, st in table:
         bm2, bn2, bk2 = min(bm, _pow2_tile(s.m, bm)), min(bn, _pow2_tile(s.n, bn)), min(bk, _pow2_tile(s.k, bk))
-        if s.mode != "f32" and sm >= 90 and bm2 < 64 and s.m >= 64:
+        if (s.mode != "f32" or x3) and sm >= 90 and bm2 < 64 and s.m >= 64:
             continue  # below 64 rows no wgmma: only worth it when M itself is that small
         c = Config(bm2, bn2, bk2, w if bm2 * bn2 >= 64 * 64 else 4, st)
         if c.smem(itemsize) <= limit and c not in out:
@@ -139,7 +147,7 @@ def _fallback(s: Shape, sm: int) -> Config:
     stages = 3 if sm >= 80 else 2
     if s.mode == "other":
         return Config(16, 16, 16, 4, 1)
-    if s.mode == "f32":
+    if s.mode == "f32" and not tensor_f32(s.mode, sm, s.kind):
         return Config(_pow2_tile(s.m, 64), _pow2_tile(s.n, 64), 32, 4, stages)
     bm, bn = _pow2_tile(s.m, 128), _pow2_tile(s.n, 128)
     return Config(bm, bn, 64 if sm >= 80 and s.mode == "f16" else 32, 8 if bm * bn >= 128 * 128 else 4, stages)
@@ -148,9 +156,9 @@ def _fallback(s: Shape, sm: int) -> Config:
 # ---- the heuristic -----------------------------------------------------------------------------------
 
 
-def _efficiency(c: Config, mode: str, sm: int) -> float:
+def _efficiency(c: Config, mode: str, sm: int, kind: str) -> float:
     """Fraction of an SM's peak one CTA of ``c`` reaches on its own (rough; ranks tiles, nothing more)."""
-    if mode == "f32":  # FMA: register blocking; 32-64 accumulators a thread is the sweet spot
+    if mode == "f32" and not tensor_f32(mode, sm, kind):  # FMA: register blocking; 32-64 accumulators a thread is the sweet spot
         per_thread = c.block_m * c.block_n / (c.num_warps * 32)
         return min(0.85, 0.85 * per_thread / 64)
     area = c.block_m * c.block_n
@@ -170,7 +178,8 @@ def estimate_ms(c: Config, s: Shape, sm: int, sms: int | None = None) -> float:
     """Modelled time of ``s`` with ``c``: waves of tiles at the tile's efficiency, or the memory floor."""
     sms = sms or SM_COUNT.get(sm, 108)
     tc, fma, hbm = PEAK.get(sm, PEAK[80] if sm < 90 else PEAK[90])
-    peak = {"f16": tc, "tf32": tc / 2}.get(s.mode, fma) * 1e12  # flop/s per SM
+    x3 = tc / 6 if tensor_f32(s.mode, sm, s.kind) else fma
+    peak = {"f16": tc, "tf32": tc / 2}.get(s.mode, x3) * 1e12  # flop/s per SM
     itemsize = 2 if s.mode == "f16" else 4
     tiles = math.ceil(s.m / c.block_m) * math.ceil(s.n / c.block_n) * s.batch
     per_sm = math.ceil(tiles / sms)  # tiles the busiest SM runs
@@ -179,7 +188,7 @@ def estimate_ms(c: Config, s: Shape, sm: int, sms: int | None = None) -> float:
     # a lone 4-warp CTA cannot hide its load latency; two on an SM (or 8 warps) can. More do not add
     # throughput: the tensor cores and shared-memory bandwidth are shared, so the tile's reuse sets the rate.
     alone = conc < 2 and c.num_warps < 8
-    compute = per_sm * tile_flop / (peak * _efficiency(c, s.mode, sm) * (0.75 if alone else 1.0))
+    compute = per_sm * tile_flop / (peak * _efficiency(c, s.mode, sm, s.kind) * (0.75 if alone else 1.0))
     loaded = (s.m * s.k * math.ceil(s.n / c.block_n) + s.k * s.n * math.ceil(s.m / c.block_m)) * itemsize
     unique = (s.m * s.k + s.k * s.n) * s.batch * itemsize + s.m * s.n * s.batch * 4
     busy = min(1.0, min(tiles, sms * conc) / sms)  # a chip with few CTAs cannot pull full bandwidth

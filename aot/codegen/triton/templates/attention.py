@@ -103,7 +103,7 @@ def attention(
         kmask = " & ".join(x for x in (kn, kd) if x)
         w.line(f"kt = tl.load({pk} + {k_off} + rn[None, :] * {sks} + rd[:, None] * {ske}{_masked(kmask)})")
         w.line("acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)")
-        w.line(dot_line("q", "kt", dt, options))
+        w.line(dot_line("q", "kt", dt, options, sm))
         scale = k.scale * LOG2E
         if not edge and k.mask_kind == "none" and scale > 0:  # unmasked: the scale folds into one FMA per score
             w.line(f"m_new = tl.maximum(m_i, tl.max(acc, 1) * {scale!r})")
@@ -139,7 +139,7 @@ def attention(
         vmask = " & ".join(x for x in (vn, vd) if x)
         w.line(f"vv = tl.load({pv} + {v_off} + rn[:, None] * {svs} + rv[None, :] * {sve}{_masked(vmask)})")
         w.line("acc = o * alpha[:, None]")
-        w.line(dot_line("p" if dt is DType.f32 else f"p.to({TL[dt]})", "vv", dt, options))
+        w.line(dot_line("p" if dt is DType.f32 else f"p.to({TL[dt]})", "vv", dt, options, sm))
         w.line("o = acc")
         w.line("m_i = m_new")
 

@@ -68,10 +68,10 @@ def conv(prog: K.Program, k: K.Conv, index_i64: bool, options: BuildOptions, sm:
     w.line(f"acc = tl.zeros([BLOCK_M, BLOCK_N], {TL[acc_dtype(k.x.dtype, k.w.dtype)]})")
     if cpg >= MIN_CHANNEL_BLOCK:
         bk = max(MIN_CHANNEL_BLOCK, min(bk, next_pow2(cpg)))
-        _channel_blocks(g, k, m, bk, options)
+        _channel_blocks(g, k, m, bk, options, sm)
     else:
         bk = min(bk, max(MIN_CHANNEL_BLOCK, next_pow2(cpg * kh * kw)))
-        _flat(g, k, m, options)
+        _flat(g, k, m, options, sm)
     bind(g, "i0", "n_[:, None]", X)
     bind(g, "i1", f"grp * {opg} + rn[None, :]", R)
     bind(g, "i2", "oh_[:, None]", X)
@@ -103,7 +103,7 @@ def _spatial_mask(k: K.Conv, hi: str, wi: str) -> list[str]:
     return [f"({hi} >= 0)", f"({hi} < HEIGHT)", f"({wi} >= 0)", f"({wi} < WIDTH)"]
 
 
-def _channel_blocks(g: Gen, k: K.Conv, m: str, bk: int, options: BuildOptions) -> None:
+def _channel_blocks(g: Gen, k: K.Conv, m: str, bk: int, options: BuildOptions, sm: int) -> None:
     w = g.w
     cpg, opg = k.c_in // k.groups, k.c_out // k.groups
     kh, kw = k.kernel
@@ -139,10 +139,10 @@ def _channel_blocks(g: Gen, k: K.Conv, m: str, bk: int, options: BuildOptions) -
             f"b = tl.load(w_col[None, :] + ((tap // {kw}) * {ws[2]} + (tap % {kw}) * {ws[3]})"
             f" + c_[:, None] * {ws[1]}, mask={bmask}, other=0)"
         )
-        w.line(dot_line("a", "b", k.x.dtype, options))
+        w.line(dot_line("a", "b", k.x.dtype, options, sm, "conv"))
 
 
-def _flat(g: Gen, k: K.Conv, m: str, options: BuildOptions) -> None:
+def _flat(g: Gen, k: K.Conv, m: str, options: BuildOptions, sm: int) -> None:
     w = g.w
     cpg, opg = k.c_in // k.groups, k.c_out // k.groups
     kh, kw = k.kernel
@@ -172,4 +172,4 @@ def _flat(g: Gen, k: K.Conv, m: str, options: BuildOptions) -> None:
             f"b = tl.load({pw} + {w_off} + (grp * {opg} + rn[None, :]) * {ws[0]} + c_[:, None] * {ws[1]}"
             f" + kh_[:, None] * {ws[2]} + kw_[:, None] * {ws[3]}, mask=bmask, other=0)"
         )
-        w.line(dot_line("a", "b", k.x.dtype, options))
+        w.line(dot_line("a", "b", k.x.dtype, options, sm, "conv"))

@@ -1,16 +1,19 @@
 """What the ``tl.dot`` templates share: accumulator types, the dot line, and binding the
 output tile's indices and masks so that epilogues print through ``Gen`` like pointwise kernels.
 
-Note: fp32 operands use ``input_precision="ieee"`` (no TF32) unless the build asks for bf16/fp16, which round
-operands to that type and accumulate in fp32, or for tf32, the explicit opt-in to TF32 tensor cores. Operand
-types ``tl.dot`` cannot take (fp64, integers) use a broadcast-multiply-sum over small tiles: slow, but exact.
+Note: fp32 convolutions run as three TF32 products on the tensor cores from sm_80 on ("tf32x3": each operand
+split into a TF32 head and tail, the tail x tail term dropped, so a product keeps ~21 bits where ieee FMA keeps
+24: fp32-level results at tensor-core speed); other fp32 dots as ieee FMA (``configs.tensor_f32`` says why).
+A build that asks for bf16/fp16 rounds operands to that type and accumulates in fp32; tf32 is the explicit
+opt-in to one TF32 product (~1e-3). Operand types ``tl.dot`` cannot take (fp64, integers) use a
+broadcast-multiply-sum over small tiles: slow, but exact.
 """
 
 from __future__ import annotations
 
 from ....ir import DType
 from ....options import BuildOptions
-from ..configs import Shape, choose, dot_mode
+from ..configs import Shape, choose, dot_mode, tensor_f32
 from ..values import XR, Gen, R, X
 
 DOT_TYPES = (DType.f32, DType.f16, DType.bf16)
@@ -24,15 +27,15 @@ def acc_dtype(a: DType, b: DType) -> DType:
     return DType.i64
 
 
-def dot_line(a: str, b: str, dt: DType, options: BuildOptions) -> str:
-    """``acc`` += a @ b for tiles of operand type ``dt``."""
+def dot_line(a: str, b: str, dt: DType, options: BuildOptions, sm: int, kind: str = "matmul") -> str:
+    """``acc`` += a @ b for tiles of operand type ``dt`` on ``sm``, in a ``kind`` template."""
     if dt is DType.f32 and options.precision in ("bf16", "fp16"):
         half = "tl.bfloat16" if options.precision == "bf16" else "tl.float16"
         return f"acc = tl.dot({a}.to({half}), {b}.to({half}), acc)"
     if dt is DType.f32 and options.precision == "tf32":
         return f'acc = tl.dot({a}, {b}, acc, input_precision="tf32")'
     if dt is DType.f32:
-        return f'acc = tl.dot({a}, {b}, acc, input_precision="ieee")'
+        return f'acc = tl.dot({a}, {b}, acc, input_precision="{"tf32x3" if tensor_f32("f32", sm, kind) else "ieee"}")'
     if dt in DOT_TYPES:
         return f"acc = tl.dot({a}, {b}, acc)"
     return f"acc = acc + tl.sum({a}[:, :, None].to(acc.dtype) * {b}[None, :, :].to(acc.dtype), axis=1)"

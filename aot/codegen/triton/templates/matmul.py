@@ -63,7 +63,7 @@ def matmul(
     with w.indent():
         w.line(f"a = tl.load(a_ptrs, mask=(rm[:, None] < {m}) & (rk[None, :] + k0 < {kk}), other=0)")
         w.line(f"b = tl.load(b_ptrs, mask=(rk[:, None] + k0 < {kk}) & (rn[None, :] < {n}), other=0)")
-        w.line(dot_line("a", "b", k.a.dtype, options))
+        w.line(dot_line("a", "b", k.a.dtype, options, sm))
         w.line(f"a_ptrs += BLOCK_K * {sak}")
         w.line(f"b_ptrs += BLOCK_K * {sbk}")
     bind(g, f"i{nb}", "rm[:, None]", X)
