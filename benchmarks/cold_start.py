@@ -1,12 +1,15 @@
 """Cold start of a CPU package: new process -> import numpy, aotc -> load -> first output, idle and with one busy core.
 
-    python benchmarks/cold_start.py PKG [--runs 11] [--baseline PYTHON:PKG] [--out FILE.json]
+    python benchmarks/cold_start.py PKG [--runs 11] [--baseline PYTHON:PKG] [--env KEY=VAL ...] [--out FILE.json]
 
 Each run is a fresh interpreter that times itself from before ``import numpy`` to the first output (the
 figure benchmarks/cpu_side_by_side.py reports as ``import_to_output_s``) and each phase on the way: numpy,
 aotc's import, ``aotc.load`` (hashes, dlopen) and the first call; wall and CPU seconds (all threads).
 ``--baseline PYTHON:PKG`` also times another runtime (e.g. an older checkout's venv python with a package
-it built), interleaved run by run with this one, so both see the same load. The busy process is
+it built), interleaved run by run with this one, so both see the same load. ``--env KEY=VAL`` adds a side:
+this runtime with those variables set (e.g. OPENBLAS_NUM_THREADS=1: numpy's OpenBLAS then starts no
+worker thread at import, a thread that spins for ~0.1 s and costs the import 30-80 ms on 2 cores; aotc
+never calls numpy's BLAS). The busy process is
 ``while True: pass``, unpinned, as in cpu_side_by_side.py. Prints (and with --out writes) JSON with the
 medians and the load average; build the MLP package with
 ``python benchmarks/cpu_contention.py --build-only --models mlp --pkg-dir DIR``.
@@ -56,8 +59,8 @@ def busy_core() -> Iterator[None]:
         p.wait()
 
 
-def run_once(python: str, pkg: str) -> dict[str, list[float]]:
-    r = subprocess.run([python, "-c", CHILD, pkg], capture_output=True, text=True, check=True)
+def run_once(python: str, pkg: str, env: dict[str, str] | None = None) -> dict[str, list[float]]:
+    r = subprocess.run([python, "-c", CHILD, pkg], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
     return ast.literal_eval(r.stdout.strip().splitlines()[-1])
 
 
@@ -73,6 +76,7 @@ def main() -> None:
     ap.add_argument("pkg", type=Path)
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--baseline", default=None, help="PYTHON:PKG, another runtime and its package, timed interleaved")
+    ap.add_argument("--env", action="append", default=[], help="KEY=VAL: also time this runtime with these variables set")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     # What `pip install` does: byte-compile the runtime (an editable install under PYTHONDONTWRITEBYTECODE
@@ -80,19 +84,22 @@ def main() -> None:
     import aotc
 
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(aotc.__file__).parent)], capture_output=True, check=False)
-    sides = {"this": (sys.executable, str(args.pkg))}
+    sides: dict[str, tuple[str, str, dict[str, str]]] = {"this": (sys.executable, str(args.pkg), {})}
+    if args.env:
+        env = dict(kv.split("=", 1) for kv in args.env)
+        sides["this+env"] = (sys.executable, str(args.pkg), env)
     if args.baseline:
         python, pkg = args.baseline.split(":", 1)
-        sides["baseline"] = (python, pkg)
+        sides["baseline"] = (python, pkg, {})
         compile_it = "import aotc, compileall, os; compileall.compile_dir(os.path.dirname(aotc.__file__), quiet=1)"
         subprocess.run([python, "-c", compile_it], check=False)
-    doc: dict = {"runs": args.runs, "cores": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg()}
+    doc: dict = {"runs": args.runs, "cores": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg(), "env": args.env}
     for state, ctx in (("idle", contextlib.nullcontext), ("one_core_busy", busy_core)):
         got: dict[str, list] = {k: [] for k in sides}
         with ctx():
             for _ in range(args.runs):
-                for k, (python, pkg) in sides.items():
-                    got[k].append(run_once(python, pkg))
+                for k, (python, pkg, env) in sides.items():
+                    got[k].append(run_once(python, pkg, env))
         doc[state] = {k: medians(v) for k, v in got.items()}
         print(state, json.dumps({k: v["import_to_output"] for k, v in doc[state].items()}), flush=True)
     doc["loadavg_end"] = os.getloadavg()
