@@ -15,8 +15,7 @@ packages where some symbol is not a plain dimension of any input, so binding nev
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -26,6 +25,11 @@ from .loading import load, verify_for_load  # noqa: F401  (aotc.model.load: the 
 from .package import Package
 from .schema import Manifest, Symbol, TensorSpec, dtype_name, nbytes, numpy_dtype
 from .shapes import ShapeExprError, Size, evaluate
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:
+    from .records import dataclass  # no methods compiled at import (see aotc.records)
 
 
 class Executor(Protocol):
