@@ -6,7 +6,9 @@ Each run is a fresh interpreter that times itself from before ``import numpy`` t
 figure benchmarks/cpu_side_by_side.py reports as ``import_to_output_s``) and each phase on the way: numpy,
 aotc's import, ``aotc.load`` (hashes, dlopen) and the first call; wall and CPU seconds (all threads).
 ``--baseline PYTHON:PKG`` also times another runtime (e.g. an older checkout's venv python with a package
-it built), interleaved run by run with this one, so both see the same load. ``--env KEY=VAL`` adds a side:
+it built), interleaved run by run with this one, so both see the same load. ``--stages`` splits this
+runtime's load into its steps (map and start hashing, imports, manifest, hashes checked, dlopen).
+``--env KEY=VAL`` adds a side:
 this runtime with those variables set (e.g. OPENBLAS_NUM_THREADS=1: numpy's OpenBLAS then starts no
 worker thread at import, a thread that spins for ~0.1 s and costs the import 30-80 ms on 2 cores; aotc
 never calls numpy's BLAS). The busy process is
@@ -47,6 +49,44 @@ out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1
 print(repr(out))
 """
 
+# --stages: aotc.load's steps one by one (this runtime's aotc.loading.load, spelled out), each timed.
+STAGES = """
+import sys, time
+marks = [(time.perf_counter(), time.process_time())]
+names = []
+def mark(name):
+    marks.append((time.perf_counter(), time.process_time()))
+    names.append(name)
+import numpy as np
+mark("numpy")
+import aotc
+mark("import_aotc")
+from aotc.container import Container
+from aotc.loading import HANDOFF_S
+sys.setswitchinterval(HANDOFF_S)  # as aotc.load does while it hashes
+c = Container(sys.argv[1], hash_ahead=True)
+mark("map_and_start_hashing")
+from aotc.loading import verify_for_load
+from aotc.model import Model
+from aotc.package import Package
+mark("import_schema_package_model")
+pkg = Package(sys.argv[1], None, c)
+mark("manifest")
+from aotc.cpu import CpuExecutor, select_target
+mark("import_cpu")
+verify_for_load(pkg)
+sys.setswitchinterval(0.005)
+mark("hashes_checked")
+m = Model(pkg, CpuExecutor(pkg, select_target(pkg.manifest.cpu_targets)))
+mark("weights_and_dlopen")
+x = np.zeros([d if isinstance(d, int) else 1 for d in m.inputs[0].shape], np.dtype(m.inputs[0].dtype))
+y = m(x)
+mark("first_call")
+out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])}
+out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
+print(repr(out))
+"""
+
 
 @contextlib.contextmanager
 def busy_core() -> Iterator[None]:
@@ -59,8 +99,8 @@ def busy_core() -> Iterator[None]:
         p.wait()
 
 
-def run_once(python: str, pkg: str, env: dict[str, str] | None = None) -> dict[str, list[float]]:
-    r = subprocess.run([python, "-c", CHILD, pkg], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
+def run_once(python: str, pkg: str, env: dict[str, str] | None = None, child: str = CHILD) -> dict[str, list[float]]:
+    r = subprocess.run([python, "-c", child, pkg], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
     return ast.literal_eval(r.stdout.strip().splitlines()[-1])
 
 
@@ -77,6 +117,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--baseline", default=None, help="PYTHON:PKG, another runtime and its package, timed interleaved")
     ap.add_argument("--env", action="append", default=[], help="KEY=VAL: also time this runtime with these variables set")
+    ap.add_argument("--stages", action="store_true", help="time this runtime's aotc.load step by step (the hashing's overlap)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     # What `pip install` does: byte-compile the runtime (an editable install under PYTHONDONTWRITEBYTECODE
@@ -99,7 +140,7 @@ def main() -> None:
         with ctx():
             for _ in range(args.runs):
                 for k, (python, pkg, env) in sides.items():
-                    got[k].append(run_once(python, pkg, env))
+                    got[k].append(run_once(python, pkg, env, STAGES if args.stages and k != "baseline" else CHILD))
         doc[state] = {k: medians(v) for k, v in got.items()}
         print(state, json.dumps({k: v["import_to_output"] for k, v in doc[state].items()}), flush=True)
     doc["loadavg_end"] = os.getloadavg()

@@ -7,10 +7,10 @@ imports the schema, parses the manifest and prepares the executor, while the has
 compared with the manifest's (``verify_for_load``) before any code reaches dlopen or the driver.
 What it is not: ``Model`` (``aotc.model``), which checks inputs and runs.
 
-Note (why): a cold start of the MLP package of benchmarks/cpu_side_by_side.py (100 MB of weights) hashed
-for ~45 ms after ~25 ms of imports and manifest parsing on one thread, the other core idle meanwhile.
-Hashing ahead took the median load from 136 to 131 ms (min 115 -> 113, at best 91) on the shared 2-core
-machine, and with HANDOFF_S to 122.
+Note (why): in a cold start of the MLP of benchmarks/cpu_side_by_side.py (100 MB of weights, ~100 ms of
+sha256 on one core of the 2-core dev machine) the main thread spends ~30 ms importing and parsing before
+it can ask for a digest; hashing meanwhile takes that much off the end where a second core is free.
+Measured there (shared, 20 runs interleaved): load 136 -> 131 ms median, 122 with HANDOFF_S.
 """
 
 from __future__ import annotations

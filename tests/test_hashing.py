@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import aotc
+import aotc.package
 import numpy as np
 import pytest
 from aotc.container import Container, member_ranges
@@ -115,3 +116,25 @@ def test_load_starts_hashing_before_it_imports_the_schema(make_package) -> None:
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "[]"
     assert lines[1] == "False ['cpu/x86-64-v2/model.so', 'selftest.safetensors', 'weights.safetensors']"
+
+
+def test_field_types_agree_with_get_type_hints_for_every_record() -> None:
+    """aotc.reader resolves the records' annotations itself (cheaper at a cold start than get_type_hints)."""
+    import dataclasses
+    import typing
+
+    import aotc.manifest
+    import aotc.schema
+    from aotc.reader import field_types
+
+    records = {
+        c
+        for mod in (aotc.manifest, aotc.schema, aotc.package)
+        for c in vars(mod).values()
+        if isinstance(c, type) and dataclasses.is_dataclass(c)
+    }
+    assert len(records) > 10
+    for cls in records:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        got, want = field_types(cls), typing.get_type_hints(cls)
+        assert {n: got[n] for n in fields} == {n: want[n] for n in fields}, cls
