@@ -1,12 +1,17 @@
 """Cold start of a CPU package: new process -> import numpy, aotc -> load -> first output, idle and with one busy core.
 
-    python benchmarks/cold_start.py PKG [--runs 11] [--baseline PYTHON:PKG] [--out FILE.json]
+    python benchmarks/cold_start.py PKG [--runs 11] [--baseline PYTHON:PKG] [--env KEY=VAL ...] [--out FILE.json]
 
 Each run is a fresh interpreter that times itself from before ``import numpy`` to the first output (the
 figure benchmarks/cpu_side_by_side.py reports as ``import_to_output_s``) and each phase on the way: numpy,
 aotc's import, ``aotc.load`` (hashes, dlopen) and the first call; wall and CPU seconds (all threads).
 ``--baseline PYTHON:PKG`` also times another runtime (e.g. an older checkout's venv python with a package
-it built), interleaved run by run with this one, so both see the same load. The busy process is
+it built), interleaved run by run with this one, so both see the same load. ``--stages`` splits this
+runtime's load into its steps (map and start hashing, imports, manifest, hashes checked, dlopen).
+``--env KEY=VAL`` adds a side:
+this runtime with those variables set (e.g. OPENBLAS_NUM_THREADS=1: numpy's OpenBLAS then starts no
+worker thread at import, a thread that spins for ~0.1 s and costs the import 30-80 ms on 2 cores; aotc
+never calls numpy's BLAS). The busy process is
 ``while True: pass``, unpinned, as in cpu_side_by_side.py. Prints (and with --out writes) JSON with the
 medians and the load average; build the MLP package with
 ``python benchmarks/cpu_contention.py --build-only --models mlp --pkg-dir DIR``.
@@ -44,6 +49,44 @@ out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1
 print(repr(out))
 """
 
+# --stages: aotc.load's steps one by one (this runtime's aotc.loading.load, spelled out), each timed.
+STAGES = """
+import sys, time
+marks = [(time.perf_counter(), time.process_time())]
+names = []
+def mark(name):
+    marks.append((time.perf_counter(), time.process_time()))
+    names.append(name)
+import numpy as np
+mark("numpy")
+import aotc
+mark("import_aotc")
+from aotc.container import Container
+from aotc.loading import HANDOFF_S
+sys.setswitchinterval(HANDOFF_S)  # as aotc.load does while it hashes
+c = Container(sys.argv[1], hash_ahead=True)
+mark("map_and_start_hashing")
+from aotc.loading import verify_for_load
+from aotc.model import Model
+from aotc.package import Package
+mark("import_schema_package_model")
+pkg = Package(sys.argv[1], None, c)
+mark("manifest")
+from aotc.cpu import CpuExecutor, select_target
+mark("import_cpu")
+verify_for_load(pkg)
+sys.setswitchinterval(0.005)
+mark("hashes_checked")
+m = Model(pkg, CpuExecutor(pkg, select_target(pkg.manifest.cpu_targets)))
+mark("weights_and_dlopen")
+x = np.zeros([d if isinstance(d, int) else 1 for d in m.inputs[0].shape], np.dtype(m.inputs[0].dtype))
+y = m(x)
+mark("first_call")
+out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])}
+out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
+print(repr(out))
+"""
+
 
 @contextlib.contextmanager
 def busy_core() -> Iterator[None]:
@@ -56,8 +99,8 @@ def busy_core() -> Iterator[None]:
         p.wait()
 
 
-def run_once(python: str, pkg: str) -> dict[str, list[float]]:
-    r = subprocess.run([python, "-c", CHILD, pkg], capture_output=True, text=True, check=True)
+def run_once(python: str, pkg: str, env: dict[str, str] | None = None, child: str = CHILD) -> dict[str, list[float]]:
+    r = subprocess.run([python, "-c", child, pkg], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
     return ast.literal_eval(r.stdout.strip().splitlines()[-1])
 
 
@@ -73,6 +116,8 @@ def main() -> None:
     ap.add_argument("pkg", type=Path)
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--baseline", default=None, help="PYTHON:PKG, another runtime and its package, timed interleaved")
+    ap.add_argument("--env", action="append", default=[], help="KEY=VAL: also time this runtime with these variables set")
+    ap.add_argument("--stages", action="store_true", help="time this runtime's aotc.load step by step (the hashing's overlap)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     # What `pip install` does: byte-compile the runtime (an editable install under PYTHONDONTWRITEBYTECODE
@@ -80,19 +125,22 @@ def main() -> None:
     import aotc
 
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(aotc.__file__).parent)], capture_output=True, check=False)
-    sides = {"this": (sys.executable, str(args.pkg))}
+    sides: dict[str, tuple[str, str, dict[str, str]]] = {"this": (sys.executable, str(args.pkg), {})}
+    if args.env:
+        env = dict(kv.split("=", 1) for kv in args.env)
+        sides["this+env"] = (sys.executable, str(args.pkg), env)
     if args.baseline:
         python, pkg = args.baseline.split(":", 1)
-        sides["baseline"] = (python, pkg)
+        sides["baseline"] = (python, pkg, {})
         compile_it = "import aotc, compileall, os; compileall.compile_dir(os.path.dirname(aotc.__file__), quiet=1)"
         subprocess.run([python, "-c", compile_it], check=False)
-    doc: dict = {"runs": args.runs, "cores": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg()}
+    doc: dict = {"runs": args.runs, "cores": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg(), "env": args.env}
     for state, ctx in (("idle", contextlib.nullcontext), ("one_core_busy", busy_core)):
         got: dict[str, list] = {k: [] for k in sides}
         with ctx():
             for _ in range(args.runs):
-                for k, (python, pkg) in sides.items():
-                    got[k].append(run_once(python, pkg))
+                for k, (python, pkg, env) in sides.items():
+                    got[k].append(run_once(python, pkg, env, STAGES if args.stages and k != "baseline" else CHILD))
         doc[state] = {k: medians(v) for k, v in got.items()}
         print(state, json.dumps({k: v["import_to_output"] for k, v in doc[state].items()}), flush=True)
     doc["loadavg_end"] = os.getloadavg()

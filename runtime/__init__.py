@@ -24,16 +24,22 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .model import Model, load
+    from .loading import load
+    from .model import Model
 
 
 def __getattr__(name: str) -> Any:
-    # ``load`` and ``Model`` import numpy; importing them on first use keeps ``import aotc`` (and so the
-    # ``aotc`` command's entry, aotc.__main__) light enough to turn a Ctrl-C during start-up into exit 130.
-    if name in ("load", "Model"):
-        from . import model
+    # ``Model`` imports numpy; importing it on first use keeps ``import aotc`` (and so the ``aotc`` command's
+    # entry, aotc.__main__) light enough to turn a Ctrl-C during start-up into exit 130. ``load`` comes from
+    # aotc.loading, which imports the rest only once the package's hashing is under way.
+    if name == "load":
+        from .loading import load
 
-        return getattr(model, name)
+        return load
+    if name == "Model":
+        from .model import Model
+
+        return Model
     raise AttributeError(f"module 'aotc' has no attribute {name!r}")
 
 

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from .container import MANIFEST  # noqa: F401  (the container's facts, defined where the loader reads them first)
+from .hashing import HASH_CHUNK  # noqa: F401  (members larger than this carry one sha256 per HASH_CHUNK-byte piece)
 from .shapes import Size
 
 if TYPE_CHECKING:
@@ -32,9 +34,7 @@ FORMAT_VERSION = 5  # 2: CUDA targets typed here, referring to the manifest's in
 #    library carries its own interface (INTERFACE_MARK), which the runtime compares with the manifest;
 # 5: every CUDA kernel carries its PTX (for GPUs newer than its cubins), and its cubin member may be absent;
 #    ``model.returns`` names the outputs of a model that returned a dict
-MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
-HASH_CHUNK = 8 << 20  # members larger than this carry one sha256 per HASH_CHUNK-byte piece, in order
 INTERFACE_MARK = b"aotc-interface-1:"  # prefix of the NUL-terminated JSON a CPU library embeds
 MAX_DIM = 1 << 40  # the largest size a symbol's range or a static dimension may name
 MAX_RANK = 64

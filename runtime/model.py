@@ -14,21 +14,22 @@ packages where some symbol is not a plain dimension of any input, so binding nev
 
 from __future__ import annotations
 
-import importlib
-import os
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .errors import IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
+from .errors import InputMismatch, PackageCorrupt, UsageError
 from .indices import index_error
+from .loading import load, verify_for_load  # noqa: F401  (aotc.model.load: the API's home before aotc.loading)
 from .package import Package
 from .schema import Manifest, Symbol, TensorSpec, dtype_name, nbytes, numpy_dtype
 from .shapes import ShapeExprError, Size, evaluate
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+else:
+    from .records import dataclass  # no methods compiled at import (see aotc.records)
 
 
 class Executor(Protocol):
@@ -54,88 +55,6 @@ class Executor(Protocol):
     def close(self) -> None:
         """Release code and device memory now; later calls raise UsageError."""
         ...
-
-
-def load(
-    path: str | Path,
-    device: str = "auto",
-    num_threads: int | None = None,
-    trusted_keys: Sequence[str | os.PathLike[str] | bytes] | None = None,
-) -> Model:
-    """Open a package and prepare it to run.
-
-    device: "auto" (CUDA when the package has a target for this GPU and the driver loads, else CPU),
-    "cpu", "cuda" or "cuda:N". num_threads: at most this many threads per call on the CPU target (None:
-    every core), fewer while other processes keep cores busy. trusted_keys: public key files (or PEM
-    bytes); when given, the package must be signed by one of them (``aotc sign``), else UntrustedPackage
-    before its manifest is read (needs ``pip install 'aotc[sign]'``).
-    """
-    if not isinstance(path, str | os.PathLike):
-        raise UsageError(f"aotc.load takes a package path (str or os.PathLike), got {type(path).__name__}")
-    if not isinstance(device, str):
-        raise UsageError(f"device must be a string (auto, cpu, cuda or cuda:N), got {type(device).__name__}")
-    dev = device.strip().lower()
-    if dev not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", dev):
-        raise UsageError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
-    if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool)):
-        raise UsageError(f"num_threads must be an int or None, got {type(num_threads).__name__} {num_threads!r}")
-    keys = None
-    if trusted_keys is not None:
-        from .signing import public_keys
-
-        keys = public_keys(trusted_keys)
-    package = Package(path, keys)
-    m = package.manifest
-    verify_for_load(package)  # every hash this load may rely on, before any code is loaded
-    fallback = None
-    if dev.startswith("cuda") or (dev == "auto" and m.cuda_targets):
-        try:
-            return Model(package, _open_cuda(package, "cuda" if dev == "auto" else dev))
-        except IncompatiblePackage as e:
-            if dev != "auto" or not m.cpu_targets:
-                raise
-            fallback = str(e)
-    from .cpu import CpuExecutor, select_target
-
-    try:
-        target = select_target(m.cpu_targets)
-    except IncompatiblePackage as e:
-        if fallback is None:
-            raise
-        raise IncompatiblePackage(f"{e}; and the CUDA targets cannot run either: {fallback}") from None
-    return Model(package, CpuExecutor(package, target, num_threads=num_threads), fallback)
-
-
-def verify_for_load(package: Package) -> None:
-    """Check the hashes of every member a load may use, before any code object reaches dlopen or the driver:
-    all of them but the packed weights of CPU targets this CPU will not pick (each is the size of the
-    weights, and only its own target reads it)."""
-    from .cpu import select_target
-
-    m = package.manifest
-    try:
-        pick = select_target(m.cpu_targets) if m.cpu_targets else None
-    except IncompatiblePackage:
-        pick = None
-    skip = {t.packed.member for t in m.cpu_targets if t.packed is not None and t is not pick}
-    package.verify_members(n for n in m.members if n not in skip)
-
-
-def _open_cuda(package: Package, device: str) -> Executor:
-    if not package.manifest.cuda_targets:
-        have = ", ".join(f"cpu:{t.level}" for t in package.manifest.cpu_targets) or "none"
-        raise IncompatiblePackage(f"the package has no CUDA target (it has: {have}): rebuild with --target cuda:sm_NN, or use device='cpu'")
-    try:
-        cuda = importlib.import_module("aotc.cuda")  # only packages with a CUDA target pay for it
-    except ImportError as e:
-        raise IncompatiblePackage(f"this aotc runtime cannot run CUDA targets ({e}); use device='cpu'") from None
-    try:
-        ex: Executor = cuda.open_executor(package, device)
-    except OSError as e:
-        raise IncompatiblePackage(
-            f"cannot use the CUDA driver ({e}): install the NVIDIA driver (libcuda.so.1), or use device='cpu'"
-        ) from None
-    return ex
 
 
 @dataclass(frozen=True)

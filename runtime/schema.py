@@ -52,6 +52,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import shapes
+from .container import member_name_ok
 from .cpu_features import LEVEL_FEATURES
 from .cpu_features import LEVELS as CPU_LEVELS  # the levels are defined once, with their features
 from .errors import IncompatiblePackage, PackageCorrupt
@@ -216,17 +217,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def check_member_name(path: str, where: str = "members") -> None:
     """A member path must be relative, '/'-separated, without '.', '..' or empty parts (no path traversal)."""
-    parts = path.split("/")
-    if (
-        not path
-        or len(path) > 512
-        or path == MANIFEST
-        or path.startswith("/")
-        or "\\" in path
-        or "\0" in path
-        or not path.isascii()
-        or any(p in ("", ".", "..") for p in parts)
-    ):
+    if not member_name_ok(path):
         raise _bad(where, f"unsafe or reserved member path {path!r}")
 
 

@@ -11,6 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import aotc.container
 import aotc.package as rpkg
 import aotc_build.package as wpkg
 import numpy as np
@@ -155,7 +156,7 @@ def test_write_is_atomic_and_refuses_bad_input(tmp_path: Path) -> None:
 def test_zip64_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lower the 4 GiB threshold on both sides so the zip64 paths run on a small file."""
     monkeypatch.setattr(wpkg, "MAX32", 200)
-    monkeypatch.setattr(rpkg, "MAX32", 200)
+    monkeypatch.setattr(aotc.container, "MAX32", 200)  # the reader: aotc.container (Package reads through it)
     members = {"big.bin": bytes(range(256)) * 3, "small.bin": b"abc"}
     path = write_raw(tmp_path / "z.pkg", {"format": "aotc"}, members)
     entries = read_entries(path.read_bytes(), path)

@@ -1,0 +1,112 @@
+"""sha256 of byte ranges of one buffer (a mapped package), on threads, computed before anyone asks.
+
+What it is: ``Hashes``: ``start`` queues ranges and starts helper threads that hash them, largest first;
+``digests`` returns the digests of the ranges asked for, the calling thread hashing what is still queued
+(and only those ranges from then on) instead of waiting idle. hashlib releases the GIL while it hashes,
+so the helpers run beside whatever Python the caller runs meanwhile.
+What it is not: a check. A digest is a pure function of the bytes of the range in the mapping the package
+reads from; ``aotc.package.Package`` compares it with the manifest's before it uses the bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from collections.abc import Iterable
+
+HASH_CHUNK = 8 << 20  # members larger than this carry one sha256 per HASH_CHUNK-byte piece, in order
+MAX_THREADS = 8
+SMALL = 4 << 20  # bytes one thread hashes in a few ms: below this another thread does not pay for itself
+
+Range = tuple[int, int]  # [start, end) in the buffer
+
+
+def hash_threads(ranges: Iterable[Range] = (), limit: int | None = None) -> int:
+    """Threads worth hashing ``ranges`` on: the cores this process may use (at most MAX_THREADS, or ``limit``),
+    one per SMALL bytes of work, one per range, at least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    ranges = list(ranges)
+    total = sum(e - s for s, e in ranges)
+    return max(1, min(limit or MAX_THREADS, cores, len(ranges), 1 + total // SMALL))
+
+
+class Hashes:
+    """The sha256 of ranges of ``buf``, computed by helper threads and by the thread that asks."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self._buf = buf
+        self._todo: list[Range] = []  # smallest first: threads take from the end, the largest first
+        self._running: set[Range] = set()
+        self._done: dict[Range, str] = {}
+        self._helpers = 0  # helper threads still taking work
+        self._cond = threading.Condition()
+
+    def start(self, ranges: Iterable[Range], helpers: int) -> None:
+        """Queue ``ranges`` (those not hashed or queued yet) and run up to ``helpers`` threads on the queue."""
+        with self._cond:
+            known = set(self._todo) | self._running | self._done.keys()
+            new = [r for r in dict.fromkeys(ranges) if r not in known]
+            self._todo = sorted(self._todo + new, key=lambda r: r[1] - r[0])
+            more = max(0, min(helpers, len(self._todo)) - self._helpers)
+            self._helpers += more
+        for _ in range(more):
+            threading.Thread(target=self._help, name="aotc-sha256", daemon=True).start()
+
+    def digests(self, ranges: Iterable[Range], threads: int | None = None) -> dict[Range, str]:
+        """The hex sha256 of each range, on up to ``threads`` threads counting this one (default: hash_threads);
+        this thread hashes queued ranges until none is left, then waits for the helpers' last ones."""
+        wanted = list(dict.fromkeys(ranges))
+        with self._cond:
+            missing = [r for r in wanted if r not in self._done]
+        self.start(missing, helpers=hash_threads(missing, threads) - 1)
+        while True:
+            self._work()
+            with self._cond:
+                if all(r in self._done for r in wanted):
+                    return {r: self._done[r] for r in wanted}
+                idle = [r for r in wanted if r not in self._done and r not in self._running and r not in self._todo]
+                if idle:  # dropped by another caller meanwhile: hash them here
+                    self._todo.extend(idle)
+                elif not self._todo:
+                    self._cond.wait()  # for a helper's range; each one done notifies
+
+    def drop(self, ranges: Iterable[Range]) -> None:
+        """Take ``ranges`` off the queue (a load that will not use a member does not pay for hashing it)."""
+        gone = set(ranges)
+        with self._cond:
+            self._todo = [r for r in self._todo if r not in gone]
+
+    def close(self) -> None:
+        """Hash nothing more and let go of the buffer (so that the mapping can be closed)."""
+        with self._cond:
+            self._todo = []
+        with contextlib.suppress(BufferError):  # a helper's slice still exported: freed when it is done
+            self._buf.release()
+
+    def _help(self) -> None:
+        try:
+            self._work()
+        finally:
+            with self._cond:
+                self._helpers -= 1
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._todo:
+                    return
+                r = self._todo.pop()
+                self._running.add(r)
+            try:
+                got = hashlib.sha256(self._buf[r[0] : r[1]]).hexdigest()
+            except Exception as e:  # a closed mapping: the range then matches no manifest digest
+                got = f"unreadable ({type(e).__name__})"
+            with self._cond:
+                self._done[r] = got
+                self._running.discard(r)
+                self._cond.notify_all()

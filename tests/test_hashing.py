@@ -1,0 +1,140 @@
+"""aotc.hashing (sha256 of ranges on threads, ahead of need) and the load path that starts it first."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import aotc
+import aotc.package
+import numpy as np
+import pytest
+from aotc.container import Container, member_ranges
+from aotc.hashing import HASH_CHUNK, Hashes, hash_threads
+from aotc.package import Package
+
+
+def _ranges(n: int, size: int) -> list[tuple[int, int]]:
+    return [(i * size, (i + 1) * size) for i in range(n)]
+
+
+def test_digests_match_hashlib_whatever_the_threads() -> None:
+    buf = np.random.default_rng(0).integers(0, 256, 3 << 20, np.uint8).tobytes()
+    ranges = [*_ranges(12, 1 << 18), (5, 7), (0, 0), (100, 3 << 20)]
+    want = {r: hashlib.sha256(buf[r[0] : r[1]]).hexdigest() for r in ranges}
+    for threads in (1, 2, 4):
+        assert Hashes(memoryview(buf)).digests(ranges, threads) == want
+    ahead = Hashes(memoryview(buf))
+    ahead.start(ranges, helpers=2)
+    assert ahead.digests(ranges[:3]) == {r: want[r] for r in ranges[:3]}
+    assert ahead.digests(ranges) == want
+
+
+def test_dropped_ranges_are_hashed_when_asked_for_later() -> None:
+    buf = bytes(range(256)) * 4096
+    ranges = _ranges(16, 1 << 16)
+    h = Hashes(memoryview(buf))
+    h.start(ranges, helpers=0)  # queued, nobody hashing yet
+    h.drop(ranges[8:])
+    assert h.digests(ranges[:8], threads=1) == {r: hashlib.sha256(buf[r[0] : r[1]]).hexdigest() for r in ranges[:8]}
+    assert h.digests(ranges[8:], threads=2) == {r: hashlib.sha256(buf[r[0] : r[1]]).hexdigest() for r in ranges[8:]}
+
+
+def test_callers_on_several_threads_each_get_their_digests() -> None:
+    """One caller's drop must not strand another caller's ranges (they would wait forever)."""
+    buf = bytes(range(256)) * 8192
+    ranges = _ranges(32, 1 << 16)
+    h = Hashes(memoryview(buf))
+    h.start(ranges, helpers=1)
+    got: dict[int, dict] = {}
+
+    def ask(i: int) -> None:
+        mine = ranges[i::4]
+        h.drop([r for r in ranges if r not in mine])
+        got[i] = h.digests(mine, threads=2)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    for i in range(4):
+        assert got[i] == {r: hashlib.sha256(buf[r[0] : r[1]]).hexdigest() for r in ranges[i::4]}
+
+
+def test_member_ranges_follow_the_chunk_rule() -> None:
+    assert member_ranges(64, 10) == [(64, 74)]
+    assert member_ranges(0, HASH_CHUNK) == [(0, HASH_CHUNK)]
+    assert member_ranges(64, 2 * HASH_CHUNK + 1) == [
+        (64, 64 + HASH_CHUNK),
+        (64 + HASH_CHUNK, 64 + 2 * HASH_CHUNK),
+        (64 + 2 * HASH_CHUNK, 65 + 2 * HASH_CHUNK),
+    ]
+    assert hash_threads([(0, 10)]) == 1  # small work stays on the caller's thread
+    assert 1 <= hash_threads(_ranges(8, HASH_CHUNK)) <= 8
+
+
+def test_a_corrupt_member_is_refused_when_hashed_ahead(make_package, tmp_path: Path) -> None:
+    """Digests hashed ahead are of the same mapping the package reads: a flipped weight byte fails the check."""
+    path = make_package()
+    pkg = Package(path)
+    e = pkg.entries["weights.safetensors"]
+    data = bytearray(path.read_bytes())
+    data[e.offset + e.size - 1] ^= 1
+    bad = tmp_path / "bad.pkg"
+    bad.write_bytes(bytes(data))
+    c = Container(bad, hash_ahead=True)
+    with pytest.raises(aotc.PackageCorrupt, match="weights.safetensors"):
+        Package(bad, None, c).verify_members(["weights.safetensors"])
+    with pytest.raises(aotc.PackageCorrupt, match="weights.safetensors"):
+        aotc.load(bad, device="cpu")
+
+
+def test_load_starts_hashing_before_it_imports_the_schema(make_package) -> None:
+    """aotc.loading imports only light modules, so that hashing overlaps the schema's import and the
+    manifest's parsing; and the load still checks every member."""
+    code = (
+        "import sys, numpy as np\n"
+        "import aotc.loading\n"
+        "print(sorted(m for m in ('aotc.schema', 'aotc.package', 'aotc.model', 'json') if m in sys.modules))\n"
+        "import aotc.container\n"
+        "seen = []\n"
+        "real = aotc.container.Hashes.start\n"
+        "def start(self, ranges, helpers):\n"
+        "    seen.append('aotc.schema' in sys.modules)\n"
+        "    return real(self, ranges, helpers)\n"
+        "aotc.container.Hashes.start = start\n"
+        "m = aotc.load(sys.argv[1], device='cpu')\n"
+        "print(seen[0], sorted(m.package._verified))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(make_package())], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "[]"
+    assert lines[1] == "False ['cpu/x86-64-v2/model.so', 'selftest.safetensors', 'weights.safetensors']"
+
+
+def test_field_types_agree_with_get_type_hints_for_every_record() -> None:
+    """aotc.reader resolves the records' annotations itself (cheaper at a cold start than get_type_hints)."""
+    import dataclasses
+    import typing
+
+    import aotc.manifest
+    import aotc.schema
+    from aotc.reader import field_types
+
+    records = {
+        c
+        for mod in (aotc.manifest, aotc.schema, aotc.package)
+        for c in vars(mod).values()
+        if isinstance(c, type) and dataclasses.is_dataclass(c)
+    }
+    assert len(records) > 10
+    for cls in records:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        got, want = field_types(cls), typing.get_type_hints(cls)
+        assert {n: got[n] for n in fields} == {n: want[n] for n in fields}, cls
