@@ -48,8 +48,6 @@ from .indices import DeviceIndexCheck
 from .schema import SCRATCH, CudaTarget, Kernel, Manifest, Ref, TensorSpec, dtype_name
 from .schema import numpy_dtype as np_dtype
 
-JIT_COMPILER_NOT_FOUND = 221
-
 __all__ = ["CudaExecutor", "DeviceArray", "available", "device_info", "np_dtype", "open_executor", "pick_target"]
 
 
@@ -101,9 +99,9 @@ def choose(targets: Sequence[CudaTarget], device: int = 0) -> tuple[CudaTarget |
         t = max(fits, key=lambda t: (t.sm == dev.sm, t.sm))
         _check_driver(t, drv)
         return t, False
-    jit = [t for t in targets if cuda_ptx.has_ptx(t) and cuda_ptx.jit_runs_on(t.arch, dev)]
-    if jit:
-        return max(jit, key=lambda t: (t.sm == dev.sm, t.sm)), True
+    jit = cuda_ptx.pick(targets, dev)
+    if jit is not None:
+        return jit, True
     have = ", ".join(sorted(t.arch for t in targets))
     raise IncompatiblePackage(
         f"the package has CUDA code for {have}, but GPU {device} ({dev.name}) is {dev.arch} and no cubin or PTX "
@@ -190,11 +188,9 @@ class CudaExecutor:
                 f"this CUDA target is {target.arch} but GPU {device} ({self.dev.name}) is {self.dev.arch}: "
                 f"rebuild with `aotc build --target cuda:{self.dev.arch}`"
             )
-        if self.jit and not cuda_ptx.has_ptx(target):
-            raise IncompatiblePackage(f"the {target.arch} target has kernels with neither a cubin nor PTX: rebuild the package")
+        self.note = cuda_ptx.check_target(target, self.dev, stripped) if self.jit else None
         if not self.jit:
             _check_driver(target, drv)
-        self.note = cuda_ptx.note(target, self.dev, stripped) if self.jit else None
         drv.context(self.dev)
         self._ffi, self._lib = drv.ffi, drv.lib
         s = drv.ffi.new("CUstream *")
@@ -207,7 +203,6 @@ class CudaExecutor:
         self._io = Region(drv, "input/output staging")
         self._gscratch = Region(drv, "global scratch")
         self._pscratch = Region(drv, "profile scratch")
-        self._flags = Region(drv, "token-id flags")
         self._bound: OrderedDict[tuple[int, ...], _Bound] = OrderedDict()
         self._graphs = Graphs(drv, self.stream)
         self._checked = Checked()
@@ -228,7 +223,7 @@ class CudaExecutor:
         for k in target.kernels:
             self._funcs[k.name] = self._load(k, read)
         self._weight_ptrs = self._upload(weights)
-        self._ids = DeviceIndexCheck(drv, manifest, self._flags, self._modules)  # device-resident token ids
+        self._ids = DeviceIndexCheck(drv, manifest, self._modules)  # device-resident token ids
 
     @property
     def graph_error(self) -> str | None:
@@ -246,13 +241,12 @@ class CudaExecutor:
         except KeyError:
             raise PackageCorrupt(f"package member {member!r} (kernel {k.name}) is missing") from None
         if self.jit:
-            cuda_ptx.check_ptx(image, self.cuda, k, self.dev, drv)
-            image += b"\0"  # the driver reads PTX as a C string
+            image = cuda_ptx.image(image, self.cuda, k, self.dev, drv)
         else:
             check_elf(image, self.cuda.sm, k)
         mod = ffi.new("CUmodule *")
         r = lib.cuModuleLoadData(mod, ffi.from_buffer(image))
-        if r in NO_BINARY or (self.jit and r == JIT_COMPILER_NOT_FOUND):
+        if r in NO_BINARY or (self.jit and r == cuda_ptx.JIT_COMPILER_NOT_FOUND):
             what = f"compile PTX {member} for it" if self.jit else f"load cubin {member}: it was built by ptxas {k.ptxas_version}"
             raise IncompatiblePackage(
                 f"the driver cannot {what} ({drv.error_name(r)}); the target is {self.cuda.arch}, GPU {self.dev.name} is "
@@ -621,8 +615,10 @@ class CudaExecutor:
         lib.cuStreamSynchronize(self.stream)
         self._graphs.clear()
         self._pool.close()
-        for r in (self._arena, self._io, self._gscratch, self._pscratch, self._weights_mem, self._flags):
+        for r in (self._arena, self._io, self._gscratch, self._pscratch, self._weights_mem):
             r.release()
+        if hasattr(self, "_ids"):  # absent when loading a kernel failed
+            self._ids.release()
         for mod in self._modules:
             lib.cuModuleUnload(mod)
         lib.cuStreamDestroy_v2(self.stream)

@@ -1,9 +1,10 @@
 """PTX for the driver's JIT: which GPUs a CUDA target's PTX runs on, and the checks before the driver sees it.
 
-What it is: ``jit_runs_on`` (the selection rule), ``check_ptx`` (the member's ``.version`` and ``.target``
-read from its hash-checked text, the driver's version compared with what that PTX ISA needs) and
-``note`` (what the CLI tells the user). ``aotc.cuda`` loads PTX only when no cubin of the package runs on
-the GPU: a GPU newer than the package, or a package whose cubins were left out.
+What it is: ``jit_runs_on`` (the selection rule) and ``pick`` (the target it picks), ``check_target`` (a
+target whose kernels all carry PTX; the note the CLI tells the user), ``image`` (the member's ``.version``
+and ``.target`` read from its hash-checked text, the driver's version compared with what that PTX ISA
+needs, before the driver sees it). ``aotc.cuda`` loads PTX only when no cubin of the package runs on the
+GPU: a GPU newer than the package, or a package whose cubins were left out.
 What it is not: a PTX compiler. The driver compiles it (cuModuleLoadData), and caches the result on disk
 (``~/.nv/ComputeCache``), so only the first load on a machine pays for it.
 
@@ -16,6 +17,7 @@ one: the sm_90 cubins run on an H100/H200, the sm_80 PTX on anything newer.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from .cuda_driver import Device, Driver
 from .errors import IncompatiblePackage, PackageCorrupt
@@ -29,6 +31,7 @@ ISA_CUDA = {
 _VERSION = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)\s*$", re.M)
 _TARGET = re.compile(rb"^\s*\.target\s+(sm_\d+a?)\b", re.M)
 HEAD = 4096  # .version and .target come first, after comments
+JIT_COMPILER_NOT_FOUND = 221  # cuModuleLoadData's answer where the driver has no PTX compiler
 
 
 def jit_runs_on(arch: str, dev: Device) -> bool:
@@ -42,6 +45,26 @@ def jit_runs_on(arch: str, dev: Device) -> bool:
 
 def has_ptx(t: CudaTarget) -> bool:
     return bool(t.kernels) and all(k.ptx is not None for k in t.kernels)
+
+
+def pick(targets: Sequence[CudaTarget], dev: Device) -> CudaTarget | None:
+    """The target whose PTX compiles for ``dev`` (one for this very SM first, else the newest), or None."""
+    jit = [t for t in targets if has_ptx(t) and jit_runs_on(t.arch, dev)]
+    return max(jit, key=lambda t: (t.sm == dev.sm, t.sm)) if jit else None
+
+
+def check_target(t: CudaTarget, dev: Device, stripped: bool) -> str:
+    """The note for the user about running ``t``'s PTX on ``dev`` (``stripped``: the package holds no cubins
+    for ``t``); ``IncompatiblePackage`` when a kernel has no PTX."""
+    if not has_ptx(t):
+        raise IncompatiblePackage(f"the {t.arch} target has kernels with neither a cubin nor PTX: rebuild the package")
+    return note(t, dev, stripped)
+
+
+def image(data: bytes, t: CudaTarget, k: Kernel, dev: Device, drv: Driver) -> bytes:
+    """Kernel ``k``'s PTX member, checked (``check_ptx``) and ready for cuModuleLoadData."""
+    check_ptx(data, t, k, dev, drv)
+    return data + b"\0"  # the driver reads PTX as a C string
 
 
 def needed_driver(isa: tuple[int, int]) -> int:

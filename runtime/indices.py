@@ -99,8 +99,9 @@ class DeviceIndexCheck:
     sync, ``raise_if_bad`` after it. Inactive (every method a no-op) when the package has no index input
     of a dtype the kernels read (int64, int32)."""
 
-    def __init__(self, drv: Any, manifest: Manifest, region: Any, modules: list[Any]) -> None:
-        """``region``: the executor's, for the flags; ``modules``: the executor's list of modules to unload."""
+    def __init__(self, drv: Any, manifest: Manifest, modules: list[Any]) -> None:
+        """``modules``: the executor's list of modules to unload (the check's module joins them); the flags'
+        device memory is this object's, freed by ``release``."""
         self.drv, self.ffi, self.lib = drv, drv.ffi, drv.lib
         names = [t.name for t in manifest.inputs]
         self.ranges = [
@@ -109,7 +110,7 @@ class DeviceIndexCheck:
             if manifest.inputs[names.index(r.input)].dtype in KERNELS
         ]
         self.flags = np.zeros(max(len(self.ranges), 1), np.int32)
-        self.region = region  # 4 bytes of device flags per range
+        self.flag0 = 0  # device address of the flags: 4 bytes per range
         self.funcs: dict[str, Any] = {}
         self.launched: list[tuple[int, IndexRange, int]] = []  # (range number, range, device pointer) this call
         if not self.ranges:
@@ -122,14 +123,14 @@ class DeviceIndexCheck:
             fn = self.ffi.new("CUfunction *")
             drv.check(self.lib.cuModuleGetFunction(fn, mod[0], name.encode()), "cuModuleGetFunction", name)
             self.funcs[dtype] = fn[0]
-        region.ensure(4 * len(self.ranges))
+        self.flag0 = drv.alloc(4 * len(self.ranges), "token-id flags")
 
     def launch(self, stream: Any, inputs: Sequence[Any], ptrs: Sequence[int], shapes: Sequence[tuple[int, ...]]) -> None:
         """Check each index input that is not a numpy array (those were checked on the host) at ``ptrs[i]``."""
         self.launched = []
         if not self.ranges:
             return
-        ffi, lib, flag0 = self.ffi, self.lib, self.region.ptr
+        ffi, lib, flag0 = self.ffi, self.lib, self.flag0
         for k, (i, r, dtype) in enumerate(self.ranges):
             n = math.prod(shapes[i])
             if isinstance(inputs[i], np.ndarray) or not n:
@@ -146,7 +147,7 @@ class DeviceIndexCheck:
     def copy_back(self, stream: Any) -> None:
         if self.launched:
             dst = self.ffi.cast("void *", self.flags.ctypes.data)
-            self.drv.check(self.lib.cuMemcpyDtoHAsync_v2(dst, self.region.ptr, 4 * len(self.ranges), stream), "cuMemcpyDtoHAsync")
+            self.drv.check(self.lib.cuMemcpyDtoHAsync_v2(dst, self.flag0, 4 * len(self.ranges), stream), "cuMemcpyDtoHAsync")
 
     def raise_if_bad(self, shapes: Sequence[tuple[int, ...]]) -> None:
         """After the sync: InputMismatch for the first flagged input, with the value and where it is (that
@@ -162,3 +163,8 @@ class DeviceIndexCheck:
                 f"input {r.input!r}: a value is outside [0, {r.size}), the rows of the {r.table}; "
                 f"token ids must be below the vocabulary size {r.size}"
             )
+
+    def release(self) -> None:
+        """Free the flags (the executor unloads the module)."""
+        self.drv.free(self.flag0)
+        self.flag0 = 0
