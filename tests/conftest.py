@@ -14,6 +14,21 @@ import pytest
 from affine_pkg import AFFINE_CPP, INCLUDE, B, W, affine_interface_cpp, affine_manifest, reference
 from aotc.schema import Manifest
 from aotc_build.package import selftest_member, weights_member, write_package
+from fake_libcuda import FakeLib
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeLib:
+    """The stand-in libcuda (tests/fake_libcuda.py) behind ``aotc.cuda``'s driver, for this test only."""
+    from aotc import cuda
+    from aotc.cuda_driver import Driver, new_ffi
+
+    ffi = new_ffi()
+    lib = FakeLib(ffi)
+    drv = Driver(lib=lib, ffi=ffi)
+    monkeypatch.setattr(cuda, "driver", lambda: drv)
+    lib.drv = drv  # type: ignore[attr-defined]
+    return lib
 
 
 @pytest.fixture(scope="session")

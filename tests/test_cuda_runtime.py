@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from aotc import cuda, schema
-from aotc.cuda_driver import DeviceArray, Driver, new_ffi
+from aotc.cuda_driver import DeviceArray
 from aotc.errors import DeviceError, IncompatiblePackage, InputMismatch, PackageCorrupt
 from aotc.schema import Arg, CudaTarget, Manifest, ModelInfo, Ref, Symbol, TensorSpec, Weights
 from aotc_build import cubin, kernel_interp
@@ -36,16 +36,6 @@ def fake_cubin(sm: int = 90, ptxas: str = "13.4") -> bytes:
     struct.pack_into("<H", head, 0x12, 190)
     struct.pack_into("<I", head, 0x30, (sm << 8) if int(ptxas.split(".", maxsplit=1)[0]) >= 13 else sm)
     return bytes(head)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeLib:
-    ffi = new_ffi()
-    lib = FakeLib(ffi)
-    drv = Driver(lib=lib, ffi=ffi)
-    monkeypatch.setattr(cuda, "driver", lambda: drv)
-    lib.drv = drv  # type: ignore[attr-defined]
-    return lib
 
 
 def scale_target(kind: str = "f32", value: Any = 2.5, **kernel: Any) -> tuple[Manifest, CudaTarget]:

@@ -5,13 +5,15 @@ The affine test library does the same in tests/test_runtime_cpu.py; CUDA in test
 
 from __future__ import annotations
 
-import threading
-import time
+import sys
 from pathlib import Path
 
 import aotc
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from threaded import calls_around_close, calls_exact
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,58 +36,11 @@ def _cases() -> list[np.ndarray]:
 
 def test_eight_threads_five_hundred_calls(mlp: Path) -> None:
     model = aotc.load(mlp, device="cpu")
-    cases = _cases()
-    want = [model(x) for x in cases]
-    errors: list[BaseException] = []
-
-    def work(k: int) -> None:
-        try:
-            for i in range(500):
-                j = (i + k) % len(cases)
-                if not np.array_equal(model(cases[j]), want[j]):
-                    raise AssertionError(f"thread {k} call {i} (batch {len(cases[j])}) differs from the single-thread result")
-        except BaseException as e:  # reported below: threads do not raise into pytest
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    calls_exact(model, _cases())
     model.close()
 
 
 def test_close_while_threads_call(mlp: Path) -> None:
     model = aotc.load(mlp, device="cpu")
-    x = _cases()[3]
-    want = model(x)
-    counts = {"ok": 0, "closed": 0}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def work() -> None:
-        while True:
-            try:
-                y = model(x)
-            except aotc.UsageError as e:
-                with lock:
-                    counts["closed"] += "closed" in str(e)
-                return
-            except BaseException as e:
-                errors.append(e)
-                return
-            if not np.array_equal(y, want):
-                errors.append(AssertionError("a call around close() returned a different result"))
-                return
-            with lock:
-                counts["ok"] += 1
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    model.close()
-    for t in threads:
-        t.join(60)
-    assert errors == [] and counts["closed"] == 4 and counts["ok"] > 0, counts
+    counts = calls_around_close(model, _cases()[3])
+    assert counts["closed"] == 4 and counts["ok"] > 0, counts

@@ -10,23 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 from aotc import cuda, indices
-from aotc.cuda_driver import Driver, new_ffi
 from aotc.errors import InputMismatch
 from aotc.schema import IndexRange
 from fake_libcuda import FakeLib, Launch, view
 from test_cuda_runtime import executor, scale_on_launch, scale_target
 
 TABLE = "embedding weight 'wte.weight'"
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeLib:
-    ffi = new_ffi()
-    lib = FakeLib(ffi)
-    drv = Driver(lib=lib, ffi=ffi)
-    monkeypatch.setattr(cuda, "driver", lambda: drv)
-    lib.drv = drv  # type: ignore[attr-defined]
-    return lib
 
 
 def _emulate_checks(lib: FakeLib) -> None:

@@ -14,8 +14,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _paths import ensure_importable, gpu_unavailable
+from threaded import calls_around_close, calls_exact
 
 NO_GPU = gpu_unavailable()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))]
@@ -72,27 +71,7 @@ def test_eight_threads_five_hundred_calls_each_exact(pkgs: dict[str, Path]) -> N
 
     model = aotc.load(pkgs["sm90"], device="cuda")
     assert model.device.startswith("cuda")
-    cases = _inputs()
-    want = [model(x) for x in cases]
-    errors: list[BaseException] = []
-
-    def work(k: int) -> None:
-        try:
-            for i in range(500):
-                j = (i + k) % len(cases)
-                if not np.array_equal(model(cases[j]), want[j]):
-                    raise AssertionError(f"thread {k} call {i} (batch {cases[j].shape[0]}) differs from the single-thread result")
-        except BaseException as e:
-            errors.append(e)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    print(f"8 threads x 500 calls: {time.perf_counter() - t0:.2f} s")
-    assert errors == []
+    print(f"8 threads x 500 calls: {calls_exact(model, _inputs()):.2f} s")
     model.close()
 
 
@@ -102,39 +81,9 @@ def test_close_while_threads_run(pkgs: dict[str, Path]) -> None:
     import aotc
 
     model = aotc.load(pkgs["sm90"], device="cuda")
-    x = _inputs()[3]
-    want = model(x)
-    outcomes = {"ok": 0, "closed": 0}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def work() -> None:
-        while True:
-            try:
-                y = model(x)
-            except aotc.UsageError as e:
-                assert "closed" in str(e)
-                with lock:
-                    outcomes["closed"] += 1
-                return
-            except BaseException as e:
-                errors.append(e)
-                return
-            if not np.array_equal(y, want):
-                errors.append(AssertionError("a call during close() returned a different result"))
-                return
-            with lock:
-                outcomes["ok"] += 1
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    time.sleep(0.5)
-    model.close()
-    for t in threads:
-        t.join(30)
+    outcomes = calls_around_close(model, _inputs()[3], wait=0.5, join=30)
     print(f"calls around close(): {outcomes}")
-    assert errors == [] and outcomes["closed"] == 4 and outcomes["ok"] > 0
+    assert outcomes["closed"] == 4 and outcomes["ok"] > 0, outcomes
 
 
 def test_out_of_memory_then_usable(pkgs: dict[str, Path]) -> None:
