@@ -1,7 +1,7 @@
 """The builder's driver: model.py -> package, every stage in order, nothing hidden.
 
-    capture -> lower -> passes (verified) -> fuse -> plan memory -> per target: codegen + compile
-    -> package (weights, libraries/cubins, self-test, manifest)
+capture -> lower -> passes (verified) -> fuse -> plan memory -> per target: codegen + compile
+-> package (weights, libraries/cubins, self-test, manifest)
 """
 
 from __future__ import annotations

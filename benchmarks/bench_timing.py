@@ -1,15 +1,17 @@
-"""The one timing loop the benchmark scripts share (imported as a sibling: scripts run from benchmarks/)."""
+"""What the benchmark scripts share for timing (imported as a sibling: scripts run from benchmarks/): the one
+timing loop, and ``busy_core`` for timings taken while another process keeps a core busy."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
-def median_ms(
-    fn: Callable[[], object], *, repeats: int, calls: int | None = None, warmup: int = 1, min_time: float = 0.3
-) -> float:
+def median_ms(fn: Callable[[], object], *, repeats: int, calls: int | None = None, warmup: int = 1, min_time: float = 0.3) -> float:
     """Median over ``repeats`` of the mean milliseconds per call of ``calls`` back-to-back calls, after
     ``warmup`` calls. Without ``calls``, one timed call sizes each repeat to about ``min_time`` seconds."""
     for _ in range(warmup):
@@ -25,3 +27,15 @@ def median_ms(
             fn()
         reps.append((time.perf_counter() - t) / calls * 1e3)
     return statistics.median(reps)
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[None]:
+    """One other process spinning on a core for the length of the block (a neighbour on a shared machine)."""
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        p.kill()
+        p.wait()

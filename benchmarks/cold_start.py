@@ -27,9 +27,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from bench_timing import busy_core
 
 CHILD = """
 import sys, time
@@ -86,17 +86,6 @@ out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])
 out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
 print(repr(out))
 """
-
-
-@contextlib.contextmanager
-def busy_core() -> Iterator[None]:
-    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.2)
-        yield
-    finally:
-        p.kill()
-        p.wait()
 
 
 def run_once(python: str, pkg: str, env: dict[str, str] | None = None, child: str = CHILD) -> dict[str, list[float]]:

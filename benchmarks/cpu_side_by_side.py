@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from bench_timing import busy_core  # noqa: E402
 from zoo.models import FirstOutput  # noqa: E402  (the zoo's wrapper: ModelOutput -> its first tensor)
 
 CALLS, ROUNDS = 30, 3
@@ -225,17 +226,6 @@ def bench_matmul(threads: int, target: str = "cpu:native") -> dict:
     return {"ms": ms, "gflops": gf, "aotc_over_torch": round(gf["aotc"] / gf["torch.mm"], 3)}
 
 
-@contextlib.contextmanager
-def _busy_core() -> Iterator[None]:
-    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.2)
-        yield
-    finally:
-        p.kill()
-        p.wait()
-
-
 COLD = """
 import time, sys
 t0 = time.perf_counter()
@@ -254,7 +244,7 @@ def bench_cold_start(pkg: str, runs: int = 11) -> dict:
     import aotc
 
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(aotc.__file__).parent)], capture_output=True, check=False)
-    for label, ctx in (("idle", contextlib.nullcontext), ("one_core_busy", _busy_core)):
+    for label, ctx in (("idle", contextlib.nullcontext), ("one_core_busy", busy_core)):
         walls, inner = [], []
         with ctx():
             for _ in range(runs):

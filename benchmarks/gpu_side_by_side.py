@@ -80,14 +80,18 @@ def make_module(spec: Spec) -> Any:
     if spec.name == "tiny":
         return nn.Sequential(nn.Linear(64, 64), nn.ReLU())
     if spec.name == "k_mm":
+
         class MM(nn.Module):
             def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                 return a @ b
+
         return MM()
     if spec.name == "k_attention":
+
         class Attn(nn.Module):
             def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
         return Attn()
     if spec.name == "k_layernorm":
         return nn.LayerNorm(spec.shape[-1])
@@ -299,9 +303,7 @@ def warm(d: Path, specs: list[Spec], precisions: list[str], modes: list[str], jo
     print(f"warm: {time.perf_counter() - t0:.1f} s wall with {jobs} processes", flush=True)
 
 
-def run_model(
-    spec: Spec, precision: str, d: Path, modes: list[str], args: argparse.Namespace, deadline: float, later: int
-) -> dict:
+def run_model(spec: Spec, precision: str, d: Path, modes: list[str], args: argparse.Namespace, deadline: float, later: int) -> dict:
     """One model in one precision; ``later`` models still follow, each owed a minute of the budget for its
     reduce-overhead compile before any max-autotune compile may start."""
     import torch
@@ -479,8 +481,11 @@ def run(d: Path, out_json: Path, specs: list[Spec], precisions: list[str], modes
 def _print_row(row: dict) -> None:
     ms = row.get("ms", {})
     cells = "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
-    print(f"{row['model']:10s} {row['precision']:5s} {cells}  speedup {row.get('speedup_vs_best_torch')}"
-          f"  err {row.get('aotc_max_rel_err', float('nan')):.2e}  host {row.get('aotc_host_over_gpu_us')} us", flush=True)
+    print(
+        f"{row['model']:10s} {row['precision']:5s} {cells}  speedup {row.get('speedup_vs_best_torch')}"
+        f"  err {row.get('aotc_max_rel_err', float('nan')):.2e}  host {row.get('aotc_host_over_gpu_us')} us",
+        flush=True,
+    )
 
 
 def _commit() -> str:
