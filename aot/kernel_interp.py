@@ -15,6 +15,7 @@ step's dtype like the kernels do.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -85,17 +86,9 @@ def eval_index(e: sympy.Expr | int, env: Env) -> Array | int:
     if name in ("Mod", "PythonMod"):
         return np.mod(eval_index(e.args[0], env), eval_index(e.args[1], env))
     if isinstance(e, sympy.Max) or name == "Max":
-        vals = [eval_index(a, env) for a in e.args]
-        out = vals[0]
-        for v in vals[1:]:
-            out = np.maximum(out, v)
-        return out
+        return functools.reduce(np.maximum, [eval_index(a, env) for a in e.args])
     if isinstance(e, sympy.Min) or name == "Min":
-        vals = [eval_index(a, env) for a in e.args]
-        out = vals[0]
-        for v in vals[1:]:
-            out = np.minimum(out, v)
-        return out
+        return functools.reduce(np.minimum, [eval_index(a, env) for a in e.args])
     raise ValueError(f"cannot evaluate index expression {e!r} ({name})")
 
 

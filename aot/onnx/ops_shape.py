@@ -75,15 +75,20 @@ def _reshape(c: Ctx) -> Value:
     return c.b.reshape(x, target)
 
 
+def _reshaped(c: Ctx, target: tuple[Dim, ...]) -> Value:
+    """Input 0 in shape ``target`` (same elements): folded when it is a constant, else a reshape node."""
+    s = c.static(0)
+    if s is not None:
+        return Static(s.value.reshape(target), s.dtype, s.name)
+    return c.b.reshape(c.t(0), target)
+
+
 @op("Flatten")
 def _flatten(c: Ctx) -> Value:
     shape = c.shape(0)
     axis = axis_of(int(c.attr("axis", 1)), len(shape))
     target = (_prod(shape[:axis]), _prod(shape[axis:]))
-    s = c.static(0)
-    if s is not None:
-        return Static(s.value.reshape(target), s.dtype, s.name)
-    return c.b.reshape(c.t(0), target)
+    return _reshaped(c, target)
 
 
 @op("Transpose")
@@ -110,10 +115,7 @@ def _squeeze(c: Ctx) -> Value:
     ones = {k for k, d in enumerate(shape) if isinstance(d, int) and d == 1}
     drop = ones if axes is None else {axis_of(a, len(shape)) for a in axes}
     target = tuple(d for k, d in enumerate(shape) if k not in drop)
-    s = c.static(0)
-    if s is not None:
-        return Static(s.value.reshape(target), s.dtype, s.name)
-    return c.b.reshape(c.t(0), target)
+    return _reshaped(c, target)
 
 
 @op("Unsqueeze")
@@ -123,10 +125,7 @@ def _unsqueeze(c: Ctx) -> Value:
     rank = len(shape) + len(axes)
     for a in sorted(axis_of(a, rank) for a in axes):
         shape.insert(a, 1)
-    s = c.static(0)
-    if s is not None:
-        return Static(s.value.reshape(shape), s.dtype, s.name)
-    return c.b.reshape(c.t(0), tuple(shape))
+    return _reshaped(c, tuple(shape))
 
 
 @op("Concat")
