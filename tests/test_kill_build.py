@@ -2,8 +2,8 @@
 new one, never a partial file; no compiler outlives the build; the next build removes the temporary files
 a killed one left.
 
-Each build is a fork of one server process that imported torch and the builder once, so 20 builds cost
-what their capture, lowering and g++ cost. Every build starts with an empty kernel cache, so g++ runs
+Each build is a fork of one server process that imported torch and the builder and ran one export once,
+so 20 builds cost what their capture, lowering and g++ cost. Every build starts with an empty kernel cache, so g++ runs
 in each and many kills land while it runs (aotc_build.compile.run_tied is what must kill it then).
 """
 
@@ -27,7 +27,14 @@ from aotc.package import Package
 SERVER = r"""
 import json, os, sys
 import aotc_build.build, aotc.cli  # torch, the builder and the CLI, imported once before forking
+import torch
 from aotc.__main__ import main
+from aotc_build.capture import capture_module
+from aotc_build.lower.driver import lower_program
+# A process's first torch.export pays for lazy imports and caches: about half of a build of this MLP. Paid
+# once here, every forked build starts warm, and 20 kills cost half as much. (Export and lowering only: no
+# compiler and no thread pool is started before the forks.)
+lower_program(capture_module(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()), (torch.randn(2, 16),)))
 print("ready", flush=True)
 for line in sys.stdin:
     case = json.loads(line)
@@ -104,7 +111,7 @@ def _compilers(mark: str) -> list[str]:
     return out
 
 
-@pytest.mark.slow  # ~1 min on a quiet 2-core machine (20 builds of a two-layer MLP, g++ in each)
+@pytest.mark.slow  # ~30 s on a quiet 2-core machine (20 builds of a two-layer MLP, g++ in each)
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_kill_9_during_build(tmp_path: Path) -> None:
     pytest.importorskip("torch")

@@ -80,6 +80,15 @@ def test_host_ids_are_not_checked_twice(fake: FakeLib) -> None:
     assert _checks(fake) == 0
 
 
+def test_close_frees_the_flags(fake: FakeLib) -> None:
+    """The check owns its flags' device memory: close() leaves nothing of the executor allocated."""
+    ex = _executor(fake)
+    ex.run([ex.to_device(np.arange(10, dtype=np.int64))], {"n": 10})
+    assert ex._ids.flag0 in fake.mem
+    ex.close()
+    assert ex._ids.flag0 == 0 and not fake.mem
+
+
 def test_no_index_inputs_no_module(fake: FakeLib) -> None:
     scale_on_launch(fake, np.dtype(np.float32))
     ex = executor(*scale_target())
