@@ -23,7 +23,8 @@ import numpy as np
 
 from .cli_group import device_option, refusals, trust_options, trusted_keys
 from .errors import InputMismatch, UsageError
-from .model import Model, load
+from .loading import load
+from .model import Model
 from .schema import TensorSpec, dtype_name
 from .shapes import evaluate
 

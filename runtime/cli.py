@@ -24,7 +24,8 @@ from . import __version__, inspect_view
 from .cli_group import Group, trust_options, trusted_keys
 from .cli_group import refusals as _errors
 from .errors import EXIT_CODES, InputMismatch, PackageCorrupt, UntrustedPackage, UsageError, VerifyFailed
-from .model import Model, load
+from .loading import load
+from .model import Model
 from .package import Package
 from .schema import FORMAT_VERSION, to_dict
 from .serve.cli import serve as serve_command

@@ -21,7 +21,6 @@ import numpy as np
 
 from .errors import InputMismatch, PackageCorrupt, UsageError
 from .indices import index_error
-from .loading import load, verify_for_load  # noqa: F401  (aotc.model.load: the API's home before aotc.loading)
 from .package import Package
 from .schema import Manifest, Symbol, TensorSpec, dtype_name, nbytes, numpy_dtype
 from .shapes import ShapeExprError, Size, evaluate

@@ -23,7 +23,8 @@ import numpy as np
 
 from .. import __version__
 from ..errors import AotcError, InputMismatch
-from ..model import Model, load
+from ..loading import load
+from ..model import Model
 from .batching import Batcher, batch_symbol
 from .metrics import UNKNOWN, Metrics
 from .protocol import INTERNAL, INVALID, NOT_FOUND, UNAVAILABLE, WIRE, ProtocolError, Request, model_metadata, select_outputs, wire_datatype

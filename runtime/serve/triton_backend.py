@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import AotcError
-from ..model import Model, load
+from ..loading import load
+from ..model import Model
 from ..package import Package
 from ..schema import Manifest, TensorSpec
 from .batching import batch_key, batch_symbol, run_batch
