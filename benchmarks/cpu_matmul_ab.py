@@ -7,7 +7,8 @@
 Each variant is benchmarks/matmul_ab.cpp built into its own library: the working tree's templates with the
 variant's -D flags, or with --base REV the templates of git revision REV as variant "base" (so a change can
 be measured against the commit before it). Shapes are MxNxK (C[M, N] = A[M, K] @ W[K, N] + bias, W packed
-as at build time; a trailing "g" adds the GELU epilogue, erf form, "t" the tanh form of GPT-2). Per shape and thread count, every round calls each
+as at build time; a trailing "g" adds the GELU epilogue, erf form, "t" the tanh form of GPT-2).
+Per shape and thread count, every round calls each
 engine in turn (best of --reps calls; on one thread the call's CPU time, which leaves out the time slices
 other processes take on a loaded machine) and the median over rounds is reported, in GFLOP/s and relative to
 the first variant (and, in brackets, the ratio of the best calls): rounds interleave, so a load that comes and goes hits every engine alike.
