@@ -7,7 +7,8 @@
 Each variant is benchmarks/matmul_ab.cpp built into its own library: the working tree's templates with the
 variant's -D flags, or with --base REV the templates of git revision REV as variant "base" (so a change can
 be measured against the commit before it). Shapes are MxNxK (C[M, N] = A[M, K] @ W[K, N] + bias, W packed
-as at build time; a trailing "g" adds the GELU epilogue). Per shape and thread count, every round calls each
+as at build time; a trailing "g" adds the GELU epilogue, erf form, "t" the tanh form of GPT-2).
+Per shape and thread count, every round calls each
 engine in turn (best of --reps calls; on one thread the call's CPU time, which leaves out the time slices
 other processes take on a loaded machine) and the median over rounds is reported, in GFLOP/s and relative to
 the first variant (and, in brackets, the ratio of the best calls): rounds interleave, so a load that comes and goes hits every engine alike.
@@ -110,8 +111,8 @@ def main() -> None:
 
 def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, shape: str, threads: int, rounds: int, reps: int) -> None:
     """One line: every variant (and torch.addmm + GELU, unless ``torch`` is None) on one shape."""
-    gelu = shape.endswith("g")
-    m, n, k = (int(v) for v in shape.rstrip("g").split("x"))
+    gelu = {"g": 1, "t": 2}.get(shape[-1], 0)
+    m, n, k = (int(v) for v in shape.rstrip("gt").split("x"))
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k), dtype=np.float32)
     w = (rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k)).astype(np.float32)
@@ -125,7 +126,7 @@ def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, shape: str, threads: i
         packs.append(packed)
         lib.ab_pack(k, n, w.ctypes.data, packed.ctypes.data)
         outs[name] = out = np.empty((m, n), np.float32)
-        args = (m, n, k, a.ctypes.data, packed.ctypes.data, bias.ctypes.data, out.ctypes.data, int(gelu), threads, reps)
+        args = (m, n, k, a.ctypes.data, packed.ctypes.data, bias.ctypes.data, out.ctypes.data, gelu, threads, reps)
         fns[name] = functools.partial(lib.ab_mm, *args)
     if torch is not None:
         ta, tw, tb = torch.from_numpy(a), torch.from_numpy(w), torch.from_numpy(bias)
@@ -137,7 +138,7 @@ def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, shape: str, threads: i
                 t0 = clock()
                 y = torch.addmm(tb, ta, tw)
                 if gelu:
-                    torch.nn.functional.gelu(y)
+                    torch.nn.functional.gelu(y, approximate="tanh" if gelu == 2 else "none")
                 best = min(best, clock() - t0)
             return best
 

@@ -1,7 +1,8 @@
 // The harness of benchmarks/cpu_matmul_ab.py: cpp_templates/matmul.h built as a small library (one per
 // variant: its own -D settings or another revision's templates), called through ctypes. Weights are packed
 // here exactly as aot/codegen/cpp_pack.py packs them; the epilogue adds a bias and, optionally, applies
-// GELU (erf form), as the fused Linear epilogues of generated code do.
+// GELU (gelu = 1: erf form, BERT's; 2: tanh form, GPT-2's), as the fused Linear epilogues of generated code
+// do (the same expression, with the same helpers).
 #include "aotc_cpu.h"
 #include "matmul.h"
 
@@ -44,11 +45,18 @@ AB_EXPORT double ab_mm(int64_t M, int64_t N, int64_t K, const float* a, const fl
           [&](int64_t, int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float* tile, int64_t ldt) {
             for (int64_t i = m0; i < m0 + mb; ++i) {
               const float* row = tile + (i - m0) * ldt;
-              if (gelu) {
+              if (gelu == 1) {
 #pragma omp simd
                 for (int64_t j = n0; j < n0 + nb; ++j) {
                   const float x = row[j - n0] + bias[j];
                   c[i * N + j] = (x * 0.5f) * (aotc_erf(x * 0.70710677f) + 1.0f);
+                }
+              } else if (gelu == 2) {
+#pragma omp simd
+                for (int64_t j = n0; j < n0 + nb; ++j) {
+                  const float x = row[j - n0] + bias[j];
+                  const float u = (x + x * x * x * 0.044715f) * 0.7978846f;
+                  c[i * N + j] = (x * 0.5f) * (aotc_tanh(u) + 1.0f);
                 }
               } else {
 #pragma omp simd
