@@ -51,16 +51,15 @@ static void aotc_pool_row(const aotc_conv_shape& s, const aotc_conv_pool& pl, co
   for (int64_t pw = 0; pw < pl.OW; ++pw) {
     const int64_t w0 = pw * pl.sw - pl.pw;
     const int64_t r1lo = w0 < 0 ? -w0 : 0, r1hi = aotc_mm_min(pl.KW, s.OW - w0);
-    const T* win = band + ((h0 - oh_lo) * s.OW + w0) * ldb;  // the window's corner: (r0, r1) at + (r0 * OW + r1) * ldb
     for (int64_t c0 = 0; c0 < C; c0 += L) {
       V acc = init;
       for (int64_t r0 = r0lo; r0 < r0hi; ++r0) {
-        const T* at = win + r0 * s.OW * ldb + c0;
+        const T* at = band + ((h0 + r0 - oh_lo) * s.OW + w0 + r1lo) * ldb + c0;  // the row's first column inside
         if (r1hi - r1lo == 3) {  // a 3-wide window inside the row (the stem's 3x3 pool), unrolled
-          acc = step(step(step(acc, at + r1lo * ldb), at + (r1lo + 1) * ldb), at + (r1lo + 2) * ldb);
+          acc = step(step(step(acc, at), at + ldb), at + 2 * ldb);
           continue;
         }
-        for (int64_t r1 = r1lo; r1 < r1hi; ++r1) acc = step(acc, at + r1 * ldb);
+        for (int64_t r1 = 0; r1 < r1hi - r1lo; ++r1) acc = step(acc, at + r1 * ldb);
       }
       memcpy(out + pw * ldb + c0, &acc, sizeof(V));
     }
