@@ -162,14 +162,26 @@ void aotc_conv2d(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, co
 #define AOTC_CONV_MB 96  // output pixels per task at most (a multiple of every MR)
 #endif
 
+// Vectors of a panel one pass of a micro-kernel with MR rows computes: NV, or the largest divisor of NV
+// whose MR x NH accumulators, NH panel vectors and a broadcast fit in the registers (16 on AVX2, 32 on
+// AVX-512). Note: AVX2's 32-channel panels are 4 vectors, and 6 x 4 accumulators spilled in every
+// iteration (the CNN ran at half the rate of its AVX-512 build): two passes of 6 x 2 instead.
+template <int MR, int NV>
+struct aotc_conv_split {
+  static constexpr int regs = AOTC_VBYTES == 64 ? 32 : 16;
+  static constexpr int pick(int nh) { return nh <= 1 || (NV % nh == 0 && MR * nh + nh + 1 <= regs) ? nh : pick(nh - 1); }
+  static constexpr int value = pick(NV);
+};
+
 // R x (NV vectors) block of an implicit GEMM: c[i][:] = sum over taps t and channels k of
-// ind[t * MR + i][k] * bp[(t * C + k) * NR + :], bp the packed weight panel.
-template <class T, int MR, int NV>
-static inline void aotc_conv_micro(int64_t taps, int64_t C, const T* const* ind, const T* __restrict bp, T* c,
-                                   int64_t ldc) {
+// ind[t * MR + i][k] * bp[(t * C + k) * NR + :], bp the packed weight panel (NR = NVP vectors, of which
+// this pass computes NV).
+template <class T, int MR, int NV, int NVP>
+static inline void aotc_conv_micro_part(int64_t taps, int64_t C, const T* const* ind, const T* __restrict bp, T* c,
+                                        int64_t ldc) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int NR = NV * L;
+  constexpr int NR = NVP * L;
   V acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
@@ -199,6 +211,14 @@ static inline void aotc_conv_micro(int64_t taps, int64_t C, const T* const* ind,
     for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
 }
 
+// The whole panel of NV vectors, in passes of aotc_conv_split's width.
+template <class T, int MR, int NV>
+static inline void aotc_conv_micro(int64_t taps, int64_t C, const T* const* ind, const T* __restrict bp, T* c,
+                                   int64_t ldc) {
+  constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NV>::value;
+  for (int j0 = 0; j0 < NV; j0 += NH) aotc_conv_micro_part<T, MR, NH, NV>(taps, C, ind, bp + j0 * L, c + j0 * L, ldc);
+}
+
 // Rows of the conv micro-kernel: the matmul's MR, doubled for a one-vector panel (a conv with 16 or fewer
 // output channels on AVX-512, 8 on AVX2) so that it still keeps 2 x MR accumulators busy.
 // Scratch that the calling thread keeps from call to call (the NHWC copy of a stem conv's input): a fresh
@@ -225,18 +245,36 @@ static inline aotc_conv_strides aotc_conv_dense(const aotc_conv_shape& s) {
   return aotc_conv_strides{0, s.C * s.H * s.W, 1, s.W * s.C, s.C};
 }
 
+// Rows [h0, h1) of image n of x (any layout and element type) into img, one image of dense channels-last
+// T (row h at img + h * W * C). Three channels (an RGB stem) with a compile-time count: the pixel's
+// channels are written together instead of one strided pass per channel.
+template <class T, class SX>
+static void aotc_conv_nhwc_rows(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, int64_t n, int64_t h0,
+                                int64_t h1, T* img) {
+  for (int64_t h = h0; h < h1; ++h) {
+    T* row = img + h * s.W * s.C;
+    const int64_t at = xs.off + n * xs.s0 + h * xs.s2;
+    if (s.C == 3) {
+      for (int64_t w = 0; w < s.W; ++w)
+#pragma GCC unroll 3
+        for (int c = 0; c < 3; ++c) row[w * 3 + c] = (T)aotc_elem<SX>::load(x, at + c * xs.s1 + w * xs.s3);
+      continue;
+    }
+    for (int64_t c = 0; c < s.C; ++c)
+      for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + c * xs.s1 + w * xs.s3);
+  }
+}
+
 // x (any layout and element type) copied to dense channels-last T in the calling thread's scratch.
 template <class T, class SX>
 static const T* aotc_conv_nhwc(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs) {
   const int64_t chw = s.C * s.H * s.W;
   T* xt = static_cast<T*>(aotc_conv_scratch((size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
-  const bool par = s.N * chw >= AOTC_CONV_MIN_PAR_WORK;
-  aotc_pool_run(s.N * s.H, par ? aotc_pool_threads() : 1, [&](int64_t nh, int) {
-    const int64_t n = nh / s.H, h = nh % s.H;
-    T* row = xt + n * chw + h * s.W * s.C;
-    for (int64_t c = 0; c < s.C; ++c) {
-      const int64_t at = xs.off + n * xs.s0 + c * xs.s1 + h * xs.s2;
-      for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + w * xs.s3);
+  aotc_parallel_for(s.N * s.H, s.N * chw, [&](int64_t lo, int64_t hi) {
+    for (int64_t nh = lo; nh < hi;) {  // the rows of one image at a time
+      const int64_t n = nh / s.H, h1 = aotc_mm_min(hi - n * s.H, s.H);
+      aotc_conv_nhwc_rows<T>(s, x, xs, n, nh % s.H, h1, xt + n * chw);
+      nh = n * s.H + h1;
     }
   });
   return xt;
@@ -255,12 +293,12 @@ struct aotc_conv_mr {
 // klen = KW * C consecutive inputs at a + kh * lda + i * STEP (STEP = stride * C, a compile-time constant:
 // every broadcast is one load at a fixed offset from one pointer, where the MR pointers of aotc_conv_micro
 // do not fit in the registers and are re-read from the stack), against the panel rows b + kh * klen * NR.
-template <class T, int MR, int NV, int STEP>
-static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, int64_t lda, const T* __restrict b,
-                                       T* c, int64_t ldc) {
+template <class T, int MR, int NV, int NVP, int STEP>
+static inline void aotc_conv_row_micro_part(int64_t nkh, int64_t klen, const T* a, int64_t lda, const T* __restrict b,
+                                            T* c, int64_t ldc) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int NR = NV * L;
+  constexpr int NR = NVP * L;  // the panel's width; this pass computes NV of its NVP vectors
   V acc[MR][NV];
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
@@ -289,6 +327,14 @@ static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, in
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+}
+
+template <class T, int MR, int NV, int STEP>
+static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, int64_t lda, const T* __restrict b,
+                                       T* c, int64_t ldc) {
+  constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NV>::value;
+  for (int j0 = 0; j0 < NV; j0 += NH)
+    aotc_conv_row_micro_part<T, MR, NH, NV, STEP>(nkh, klen, a, lda, b + j0 * L, c + j0 * L, ldc);
 }
 
 // The border pixels (ow < lo or ow >= hi: windows crossing the left or right edge) of output rows
@@ -368,6 +414,37 @@ static void aotc_conv_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, co
   }
 }
 
+// The buffers of a packed conv's parallel loop: ``per`` elements for each of ``nthreads`` threads (the
+// library's kept workspace, matmul.h, so a call allocates nothing -- or its own when nested in a caller's
+// parallel loop) and a row of ``zeros`` zeros that taps outside the image read. Freed on scope exit, also
+// when an epilogue's exception comes back through aotc_pool_run.
+template <class T>
+struct aotc_conv_bufs {
+  T* ws = nullptr;
+  T* zero = nullptr;
+  T* own = nullptr;
+  aotc_conv_bufs(int64_t per, int nthreads, int64_t zeros, bool nested) {
+    const size_t bytes = (size_t)(per * nthreads) * sizeof(T);
+    zero = static_cast<T*>(calloc((size_t)(zeros > 0 ? zeros : 1), sizeof(T)));
+    own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : nullptr;
+    if (zero == NULL || (nested && own == NULL)) {
+      free(zero);
+      free(own);
+      throw std::bad_alloc();
+    }
+    ws = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  }
+  aotc_conv_bufs(const aotc_conv_bufs&) = delete;
+  aotc_conv_bufs& operator=(const aotc_conv_bufs&) = delete;
+  ~aotc_conv_bufs() {
+    free(own);
+    free(zero);
+  }
+};
+
+// True where a parallel loop started now would run nested (inside a pool chunk or an OpenMP region).
+static inline bool aotc_conv_nested() { return aotc_pool_inside || omp_in_parallel(); }
+
 #ifndef AOTC_CONV_ROW_PIXELS
 #define AOTC_CONV_ROW_PIXELS 96  // output pixels per task of the row kernel at most, whole rows (one at least)
 #endif
@@ -389,15 +466,12 @@ static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_con
   while (R > 1 && ntasks() < want) R = (R + 1) / 2;
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t bands = (s.OH + R - 1) / R, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
-  const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(flops, tasks);
+  const bool nested = aotc_conv_nested();
+  const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
   const int64_t per = aotc_roundup(R * s.OW * NB, 64 / (int64_t)sizeof(T));
-  T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
-  T* zero = static_cast<T*>(calloc((size_t)(s.C > 0 ? s.C : 1), sizeof(T)));
-  if (ws_all == NULL || zero == NULL) {
-    free(ws_all);
-    free(zero);
-    throw std::bad_alloc();
-  }
+  const aotc_conv_bufs<T> bufs(per, nthreads, s.C, nested);
+  T* const ws_all = bufs.ws;
+  const T* const zero = bufs.zero;
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
     T* tile = ws_all + (int64_t)slot * per;
     const int64_t n = task / (bands * oblocks), oh0 = task / oblocks % bands * R, oi = task % oblocks;
@@ -412,8 +486,6 @@ static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_con
     }
     epi(n, oh0 * s.OW, rb * s.OW, o0, ob, (const T*)tile, nbp);
   });
-  free(zero);
-  free(ws_all);
 }
 
 // STEP: stride * C of the conv when the caller knows it at compile time (codegen passes it), 0 otherwise;
@@ -458,17 +530,14 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   // stem conv's 3 channels become 9. Strips touching the left or right border keep one tap per (kh, kw).
   const bool rowtaps = s.KW > 1 && s.dw == 1 && xs.s3 == s.C;
   const int64_t pblocks = (P + MB - 1) / MB, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
-  const int nthreads = aotc_pool_inside ? 1 : aotc_mm_threads(flops, tasks);
+  const bool nested = aotc_conv_nested();
+  const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
   // per thread: the tile, then the indirection pointers
   const int64_t a_elems = aotc_roundup(MB * taps * (int64_t)sizeof(void*), 64) / (int64_t)sizeof(T);
   const int64_t per = aotc_roundup(MB * NB + a_elems, 64 / (int64_t)sizeof(T));
-  T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
-  T* zero = static_cast<T*>(calloc((size_t)(s.C * s.KW > 0 ? s.C * s.KW : 1), sizeof(T)));
-  if (ws_all == NULL || zero == NULL) {
-    free(ws_all);
-    free(zero);
-    throw std::bad_alloc();
-  }
+  const aotc_conv_bufs<T> bufs(per, nthreads, s.C * s.KW, nested);
+  T* const ws_all = bufs.ws;
+  const T* const zero = bufs.zero;
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
     T* tile = ws_all + (int64_t)slot * per;
     T* abuf = tile + MB * NB;
@@ -540,8 +609,6 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
     }
     epi(n, p0, pb, o0, ob, (const T*)tile, nbp);
   });
-  free(zero);
-  free(ws_all);
 }
 
 #ifndef AOTC_CONV_DW_CB
@@ -873,6 +940,9 @@ int main() {
     fails += aotc_conv_check_nhwc<1, 4>({1, 4, 5, 40, 16, 3, 3, 9, 40, 1, 1, 3, 1, 1, 1, 1}, nchw);    // rows of zeros
     fails += aotc_conv_check_nhwc<2, 12>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);    // too narrow
     fails += aotc_conv_check_nhwc<2, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);    // 3 panels
+    // 4-vector panels (AVX2's 32 channels): passes of fewer vectors where the accumulators would spill
+    fails += aotc_conv_check_nhwc<4, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<4>({2, 6, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);
     // border pixels batched across the rows of a task (enough of them to fill half a block)
     fails += aotc_conv_check_nhwc<2, 10>({2, 10, 14, 28, 40, 3, 3, 14, 28, 1, 1, 1, 1, 1, 1, 1}, nchw);
     fails += aotc_conv_check_nhwc<1, 6>({1, 6, 10, 30, 20, 5, 5, 10, 30, 1, 1, 2, 2, 1, 1, 1}, nchw);

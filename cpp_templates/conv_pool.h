@@ -30,8 +30,9 @@ struct aotc_conv_pool {
 
 // Pooled row ph of one image from the conv rows [oh_lo, ...) in band[((oh - oh_lo) * OW + ow) * ldb + oc]
 // into out[pw * ldb + oc], channels [0, C) a vector at a time (ldb a multiple of the vector: the lanes
-// past C are read and written, never handed on).
-template <class T, bool MAX>
+// past C are read and written, never handed on). NANS: the band may hold a NaN (in its first C lanes),
+// which then wins; without, a plain max / min (one instruction a value, where the NaN rule costs three).
+template <class T, bool MAX, bool NANS>
 static void aotc_pool_row(const aotc_conv_shape& s, const aotc_conv_pool& pl, const T* band, int64_t oh_lo, int64_t ldb,
                           int64_t C, int64_t ph, T* out) {
   typedef typename aotc_mm_vec<T>::type V;
@@ -41,17 +42,25 @@ static void aotc_pool_row(const aotc_conv_shape& s, const aotc_conv_pool& pl, co
   // the window's rows and columns inside the conv's output (min / max: a division per pixel cost more
   // than the pooling)
   const int64_t r0lo = h0 < 0 ? -h0 : 0, r0hi = aotc_mm_min(pl.KH, s.OH - h0);
+  auto step = [](V acc, const T* at) {
+    V a;
+    memcpy(&a, at, sizeof(V));
+    if (NANS) return ((MAX ? a > acc : a < acc) | (a != a)) ? a : acc;  // a NaN, once in, stays
+    return (MAX ? acc > a : acc < a) ? acc : a;
+  };
   for (int64_t pw = 0; pw < pl.OW; ++pw) {
     const int64_t w0 = pw * pl.sw - pl.pw;
     const int64_t r1lo = w0 < 0 ? -w0 : 0, r1hi = aotc_mm_min(pl.KW, s.OW - w0);
     for (int64_t c0 = 0; c0 < C; c0 += L) {
       V acc = init;
-      for (int64_t r0 = r0lo; r0 < r0hi; ++r0)
-        for (int64_t r1 = r1lo; r1 < r1hi; ++r1) {
-          V a;
-          memcpy(&a, band + ((h0 + r0 - oh_lo) * s.OW + w0 + r1) * ldb + c0, sizeof(V));
-          acc = ((MAX ? a > acc : a < acc) | (a != a)) ? a : acc;  // a NaN, once in, stays: neither test replaces it
+      for (int64_t r0 = r0lo; r0 < r0hi; ++r0) {
+        const T* at = band + ((h0 + r0 - oh_lo) * s.OW + w0 + r1lo) * ldb + c0;  // the row's first column inside
+        if (r1hi - r1lo == 3) {  // a 3-wide window inside the row (the stem's 3x3 pool), unrolled
+          acc = step(step(step(acc, at), at + ldb), at + 2 * ldb);
+          continue;
         }
+        for (int64_t r1 = 0; r1 < r1hi - r1lo; ++r1) acc = step(acc, at + r1 * ldb);
+      }
       memcpy(out + pw * ldb + c0, &acc, sizeof(V));
     }
   }
@@ -64,14 +73,16 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
   if (s.N <= 0 || s.O <= 0 || pl.OH <= 0 || pl.OW <= 0) return;
-  const T* xd = (const T*)(const void*)x;
-  aotc_conv_strides xds = xs;
-  if (xs.s1 != 1 || !std::is_same<SX, T>::value) xd = aotc_conv_nhwc<T>(s, x, xs), xds = aotc_conv_dense(s);
+  // Input not dense channels-last T (the NCHW graph input of a stem): each task converts the input rows
+  // it reads into its own buffer (in cache when the conv reads them, no pass of its own).
+  const bool convert = xs.s1 != 1 || !std::is_same<SX, T>::value;
+  const aotc_conv_strides xds = convert ? aotc_conv_dense(s) : xs;
   const int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end(s.KW - 1 - s.pw, s.sw, s.W, s.OW);
   const bool rows = STEP > 0 && STEP == s.sw * s.C && xds.s3 == s.C && s.dw == 1 && hi - lo >= MR;
   const int64_t Cp = aotc_roundup(s.O, NR), K = s.KH * s.KW * s.C, img = s.OH * s.OW * Cp;
-  const bool nested = aotc_pool_inside || omp_in_parallel();
+  const bool nested = aotc_conv_nested();
   if (!rows) {
+    const T* xd = convert ? aotc_conv_nhwc<T>(s, x, xs) : (const T*)(const void*)x;
     T* full = static_cast<T*>(aligned_alloc(64, (size_t)aotc_roundup(s.N * img + pl.OW * Cp, 16) * sizeof(T)));
     if (full == NULL) throw std::bad_alloc();
     aotc_conv2d_packed<T, NV, STEP>(s, xd, xds, wp, [&](int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const T* t, int64_t ldt) {
@@ -81,7 +92,7 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
     T* out = full + s.N * img;  // serial: the pool is a small part of this slow path
     for (int64_t n = 0; n < s.N; ++n)
       for (int64_t ph = 0; ph < pl.OH; ++ph) {
-        aotc_pool_row<T, MAX>(s, pl, full + n * img, 0, Cp, s.O, ph, out);
+        aotc_pool_row<T, MAX, true>(s, pl, full + n * img, 0, Cp, s.O, ph, out);
         epi(n, ph, (int64_t)0, pl.OW, (const T*)out, Cp);
       }
     free(full);
@@ -96,21 +107,23 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
   const int64_t bands = (pl.OH + B - 1) / B, tasks = s.N * bands;
   const int64_t band_rows = (B - 1) * pl.sh + pl.KH;
   const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
-  const int64_t per = aotc_roundup(band_rows * row + pl.OW * Cp, 64 / (int64_t)sizeof(T));
-  T* ws_all = static_cast<T*>(aligned_alloc(64, (size_t)(per * nthreads) * sizeof(T)));
-  T* zero = static_cast<T*>(calloc((size_t)(s.C > 0 ? s.C : 1), sizeof(T)));
-  if (ws_all == NULL || zero == NULL) {
-    free(ws_all);
-    free(zero);
-    throw std::bad_alloc();
-  }
+  const int64_t band_elems = aotc_roundup(band_rows * row + pl.OW * Cp, 64 / (int64_t)sizeof(T));
+  const int64_t per = band_elems + (convert ? aotc_roundup(s.H * s.W * s.C, 64 / (int64_t)sizeof(T)) : 0);
+  const aotc_conv_bufs<T> bufs(per, nthreads, s.C, nested);
+  T* const ws_all = bufs.ws;
+  const T* const zero = bufs.zero;
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
     T* band = ws_all + (int64_t)slot * per;
     T* out = band + band_rows * row;
     const int64_t n = task / bands, ph0 = task % bands * B, ph1 = aotc_mm_min(pl.OH, ph0 + B);
     const int64_t oh_lo = aotc_mm_min(s.OH, ph0 * pl.sh - pl.ph > 0 ? ph0 * pl.sh - pl.ph : 0);
     const int64_t oh_hi = aotc_mm_min(s.OH, (ph1 - 1) * pl.sh - pl.ph + pl.KH);
-    const T* xn = xd + xds.off + n * xds.s0;
+    T* const xc = band + band_elems;
+    if (convert) {  // the input rows of conv rows [oh_lo, oh_hi), into an image-sized buffer at their place
+      const int64_t ih0 = oh_lo * s.sh - s.ph, ih1 = (oh_hi - 1) * s.sh - s.ph + (s.KH - 1) * s.dh + 1;
+      aotc_conv_nhwc_rows<T>(s, x, xs, n, ih0 > 0 ? ih0 : 0, aotc_mm_min(ih1, s.H), xc);
+    }
+    const T* xn = convert ? (const T*)xc : (const T*)(const void*)x + xs.off + n * xs.s0;
     for (int64_t js = 0; js < Cp; js += NR) {
       const T* bp = wp + js / NR * K * NR;
       for (int64_t oh = oh_lo; oh < oh_hi; ++oh)
@@ -122,13 +135,20 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
 #pragma omp simd
       for (int64_t oc = 0; oc < s.O; ++oc) v[oc] = pre(oc, v[oc]);
     }
+    // Any NaN in the band? A pass of its own (in pre's loop the reduction kept GCC from vectorising pre),
+    // over the padding lanes too: a NaN there only sends the band down the NaN-checking path.
+    int nans = 0;
+    const int64_t elems = (oh_hi - oh_lo) * row;
+#pragma omp simd reduction(| : nans)
+    for (int64_t i = 0; i < elems; ++i) nans |= band[i] != band[i];
     for (int64_t ph = ph0; ph < ph1; ++ph) {
-      aotc_pool_row<T, MAX>(s, pl, band, oh_lo, Cp, s.O, ph, out);
+      if (nans)
+        aotc_pool_row<T, MAX, true>(s, pl, band, oh_lo, Cp, s.O, ph, out);
+      else
+        aotc_pool_row<T, MAX, false>(s, pl, band, oh_lo, Cp, s.O, ph, out);
       epi(n, ph, (int64_t)0, pl.OW, (const T*)out, Cp);
     }
   });
-  free(zero);
-  free(ws_all);
 }
 
 #ifdef AOTC_SELFTEST_CONV_POOL
