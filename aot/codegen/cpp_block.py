@@ -148,8 +148,8 @@ def find_blocks(prog: K.Plan) -> dict[int, tuple[K.Conv, K.Conv, K.Conv]]:
     """Kernel index -> the (expand, depthwise, project) convs starting there that ``aotc_conv_block`` runs:
     the expand's and the depthwise's outputs are dense channels-last, read by the next stage alone, and
     their epilogues read only weights; the depthwise has dilation 1; the block's output does not share
-    arena bytes with its input (the memory plan may reuse a buffer once its last reader ran, and fused, the
-    expand reads the input until the project's last row is written)."""
+    arena bytes with its input (fused, the expand reads the input until the project's last row is written;
+    aot/memory.py keeps a chain's input alive that long, and this check stays for any other plan)."""
     weights = {b.name for b in prog.weights}
     outputs = {b.name for b in prog.outputs}
     readers: dict[str, int] = {}
