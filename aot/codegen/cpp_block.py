@@ -38,6 +38,7 @@ class KernelWriter(Protocol):
 
     def nhwc_epilogue(self, w: Writer, head: str, close: str, ow: str) -> None: ...
 
+
 ROW_PITCH = sympy.Symbol("aotc_ldt", integer=True, positive=True)  # the row buffer's pitch (the tile's ldt)
 ROW_DST = "aotc_dst"  # the row buffer an in-place epilogue stores into
 # Bytes of one image's expanded tensor (H x W x hidden fp32) from which the block runs fused: below it the
