@@ -313,6 +313,18 @@ static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
 
 int main() {
   int fails = 0;
+  {  // the fast clamp lets a NaN through, as aotc_conv_vfin does, and clamps the rest
+    typedef aotc_mm_vec<float>::type V;
+    const V lo = aotc_vset1(0.0f), hi = aotc_vset1(6.0f);
+    const float b[AOTC_VBYTES / 4] = {1.0f};
+    V r = aotc_block_vclamp<float>(aotc_vset1(NAN), (const float*)NULL, lo, hi);
+    fails += !(r[0] != r[0]) + !(r[1] != r[1]);
+    r = aotc_block_vclamp<float>(aotc_vset1(5.5f), b, lo, hi);
+    fails += r[0] != 6.0f || r[1] != 5.5f;
+    r = aotc_block_vclamp<float>(aotc_vset1(-2.0f), b, lo, hi);
+    fails += r[0] != 0.0f || r[1] != 0.0f;
+    if (fails) printf("aotc_block_vclamp: %d wrong\n", fails);
+  }
   for (int t = 0; t < 4; ++t) {
     const int threads = 1 + t % 2;
     const bool fin = t >= 2;
