@@ -26,6 +26,18 @@ def _align(e: sympy.Expr | int) -> sympy.Expr | int:
     return sympy.ceiling(e / ALIGN) * ALIGN
 
 
+def _block_input(e: K.Kernel, d: K.Kernel, p: K.Kernel) -> str | None:
+    """The input of a 1x1 conv -> depthwise conv -> conv chain, each reading the one before: an inverted-
+    residual block, which the CPU code may run as one function (codegen/cpp_block.py) whose first stage
+    reads its input until the last stage has written its output. That input lives until the last stage,
+    so that the output never takes its bytes (else the block would run as three kernels). None for other
+    kernels."""
+    if not (isinstance(e, K.Conv) and isinstance(d, K.Conv) and isinstance(p, K.Conv)):
+        return None
+    chain = e.kernel == (1, 1) and d.groups == d.c_in == d.c_out > 1 and d.x.buf in K.writes(e) and p.x.buf in K.writes(d)
+    return e.x.buf if chain else None
+
+
 def plan_memory(prog: K.Program) -> K.Plan:
     """The Program with an offset for each arena buffer (a new Plan; ``prog`` stays as it was)."""
     arena = {b.name: b for b in prog.arena}
@@ -39,6 +51,10 @@ def plan_memory(prog: K.Program) -> K.Plan:
         for name in K.reads(k):
             if name in arena:
                 last[name] = t
+    for t in range(len(prog.kernels) - 2):
+        x = _block_input(*prog.kernels[t : t + 3])
+        if x is not None and x in last:
+            last[x] = max(last[x], t + 2)
     slots: list[list] = []  # [size, busy_until]
     where: dict[str, int] = {}
     for t, k in enumerate(prog.kernels):

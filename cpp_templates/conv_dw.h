@@ -43,36 +43,65 @@
 #define AOTC_BLOCK_PIXELS 96  // pixels per 1x1 call at most, and output pixels per step at least (a multiple of every MR)
 #endif
 
-// An MR x NR block of a 1x1 conv (aotc_conv_micro's, one tap of C channels) with ``fin`` applied in
-// registers before the store; ``bias`` is the panel's (channels past O read zeros there), or NULL.
-template <class T, int MR, int NV>
-static inline void aotc_block_micro(int64_t C, const T* const* a, const T* __restrict bp, T* c, int64_t ldc,
-                                    const aotc_conv_clamp<T>& fin, const T* bias) {
+// min(max(v + b, lo), hi), a NaN passing as in aotc_conv_vfin (conv.h), in three instructions where the
+// compares and blends of the generic form take nine: x86's maxps/minps return their second operand when
+// either is a NaN. After a 1x1 conv of 16 or 24 input channels (MobileNetV2's first blocks) the generic
+// clamp was a third of the block's time (perf). A zero of either sign may come out as the other.
+template <class T, class V>
+static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
+  if (b != NULL) {
+    V bv;
+    memcpy(&bv, b, sizeof(V));
+    v += bv;
+  }
+#if AOTC_VBYTES == 64
+  if constexpr (std::is_same<T, float>::value)
+    // maskz with every lane: the same instruction, without _mm512_undefined_ps's -Wmaybe-uninitialized
+    return (V)_mm512_maskz_min_ps(0xffff, (__m512)hi, _mm512_maskz_max_ps(0xffff, (__m512)lo, (__m512)v));
+#elif AOTC_VBYTES == 32 && defined(__AVX__)
+  if constexpr (std::is_same<T, float>::value)
+    return (V)_mm256_min_ps((__m256)hi, _mm256_max_ps((__m256)lo, (__m256)v));
+#endif
+  v = ((v != v) | (v > lo)) ? v : lo;
+  return ((v != v) | (v < hi)) ? v : hi;
+}
+
+// ``fin`` over the np x cb block at c (pitch ldc) in place, just stored by a 1x1 or depthwise kernel (still
+// in L1); ``bias`` is fin's for channel 0 of the block, or NULL. Channels past the last full vector go
+// through the scalar form (the bias holds no more).
+template <class T>
+static inline void aotc_block_fin_rows(T* c, int64_t ldc, int64_t np, int64_t cb, const aotc_conv_clamp<T>& fin, const T* bias) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int NR = NV * L;
-  V acc[MR][NV];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
-#pragma GCC unroll 2
-  for (int64_t k = 0; k < C; ++k) {
-    V bv[NV];
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) memcpy(&bv[j], bp + k * NR + j * L, sizeof(V));
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const V av = aotc_vset1(a[i][k]);
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
+  const V lo = aotc_vset1(fin.lo), hi = aotc_vset1(fin.hi);
+  const int64_t cv = cb / L * L;
+  for (int64_t i = 0; i < np; ++i) {
+    T* row = c + i * ldc;
+    for (int64_t j = 0; j < cv; j += L) {
+      V v;
+      memcpy(&v, row + j, sizeof(V));
+      v = aotc_block_vclamp<T>(v, bias != NULL ? bias + j : NULL, lo, hi);
+      memcpy(row + j, &v, sizeof(V));
     }
+    for (int64_t j = cv; j < cb; ++j) row[j] = aotc_conv_fin<T>(row[j], fin, bias, j);
   }
+}
+
+// ``fin`` over an MR x NR block that conv.h's aotc_conv_micro just stored (still in L1): one load and
+// store per vector more than applying it in registers, which measured the same; ``bias`` is the panel's
+// (channels past O read zeros there), or NULL.
+template <class T, int MR, int NV>
+static inline void aotc_block_fin_tile(T* c, int64_t ldc, const aotc_conv_clamp<T>& fin, const T* bias) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  const V lo = aotc_vset1(fin.lo), hi = aotc_vset1(fin.hi);
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
-      const V v = aotc_conv_vfin<T>(acc[i][j], fin, bias, j * L);
+      V v;
+      memcpy(&v, c + i * ldc + j * L, sizeof(V));
+      v = aotc_block_vclamp<T>(v, bias != NULL ? bias + j * L : NULL, lo, hi);
       memcpy(c + i * ldc + j * L, &v, sizeof(V));
     }
 }
@@ -101,10 +130,12 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
       }
       const T* b = bias != NULL ? bias + js : NULL;
       if (si * MR + MR <= np) {
-        aotc_block_micro<T, MR, NV>(C, ind + si * MR, wp + js * C, c + si * MR * ldc + js, ldc, *fin, b);
+        aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * C, c + si * MR * ldc + js, ldc);
+        aotc_block_fin_tile<T, MR, NV>(c + si * MR * ldc + js, ldc, *fin, b);
         continue;
       }
-      aotc_block_micro<T, MR, NV>(C, ind + si * MR, wp + js * C, tail + js, ldc, *fin, b);
+      aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * C, tail + js, ldc);
+      aotc_block_fin_tile<T, MR, NV>(tail + js, ldc, *fin, b);
       for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
     }
 }
@@ -194,13 +225,16 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
           const int64_t ih = (oh + j) * sh - sd.ph + kh;
           rows[kh] = ih >= 0 && ih < H ? ring + (ih % cap) * W * ldr : NULL;
         }
-        const aotc_conv_clamp<T>* fd = aotc_block_fin<T, EpiD>::value ? &fin_d : NULL;
         if (sd.KW == 3)
-          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, 0, hid, drow + j * OW * ldd, ldd, fd);
+          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, 0, hid, drow + j * OW * ldd, ldd);
         else
-          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, 0, hid, drow + j * OW * ldd, ldd, fd);
+          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, 0, hid, drow + j * OW * ldd, ldd);
       }
-      if constexpr (!aotc_block_fin<T, EpiD>::value) epi_d(n, oh * OW, r * OW, (int64_t)0, hid, (const T*)drow, ldd, drow);
+      // the depthwise's epilogue after its rows, not inside aotc_conv_dw_row: the clamp there is the slow form
+      if constexpr (aotc_block_fin<T, EpiD>::value)
+        aotc_block_fin_rows<T>(drow, ldd, r * OW, hid, fin_d, fin_d.bias);
+      else
+        epi_d(n, oh * OW, r * OW, (int64_t)0, hid, (const T*)drow, ldd, drow);
       for (int64_t q = 0; q < r * OW; q += EP) {
         const int64_t np = aotc_mm_min((int64_t)EP, r * OW - q);
         aotc_block_1x1<T, NVP>(drow, 0, ldd, r * OW, q, np, hid, sp.O, wp, ind, ptile, ldp);
@@ -279,6 +313,18 @@ static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
 
 int main() {
   int fails = 0;
+  {  // the fast clamp lets a NaN through, as aotc_conv_vfin does, and clamps the rest
+    typedef aotc_mm_vec<float>::type V;
+    const V lo = aotc_vset1(0.0f), hi = aotc_vset1(6.0f);
+    const float b[AOTC_VBYTES / 4] = {1.0f};
+    V r = aotc_block_vclamp<float>(aotc_vset1(NAN), (const float*)NULL, lo, hi);
+    fails += !(r[0] != r[0]) + !(r[1] != r[1]);
+    r = aotc_block_vclamp<float>(aotc_vset1(5.5f), b, lo, hi);
+    fails += r[0] != 6.0f || r[1] != 5.5f;
+    r = aotc_block_vclamp<float>(aotc_vset1(-2.0f), b, lo, hi);
+    fails += r[0] != 0.0f || r[1] != 0.0f;
+    if (fails) printf("aotc_block_vclamp: %d wrong\n", fails);
+  }
   for (int t = 0; t < 4; ++t) {
     const int threads = 1 + t % 2;
     const bool fin = t >= 2;

@@ -104,3 +104,44 @@ def test_block_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path) -
                 want = model(xb).numpy()
             got = m(xb.numpy())
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+
+
+class Chain(nn.Module):
+    """MobileNetV2's pattern: a residual block, then a strided one whose input nothing reads after it (so a
+    plan by the kernels' own reads frees it after the expand and may give it to the block's output), then
+    another residual one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1), nn.ReLU6())
+        self.a = _block(16, 96, 16, 1)
+        self.b = _block(16, 96, 24, 2)
+        self.c = _block(24, 144, 24, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = x + self.a(x)
+        x = self.b(x)
+        return x + self.c(x)
+
+
+def test_plan_keeps_a_block_input_alive(tmp_path: Path, aotc_cache: Path) -> None:
+    """The memory plan keeps a block's input until its project has run, so every chain fuses (MobileNetV2's
+    fourth block stayed three kernels when its output took its input's bytes), and the result holds."""
+    from aotc.cpu_features import cpu_level
+
+    if cpu_level() in ("x86-64", "x86-64-v2"):
+        pytest.skip("this CPU cannot run x86-64-v3")
+    torch.manual_seed(0)
+    model, x = Chain().eval(), torch.randn(1, 3, 64, 64)
+    cap = capture_module(model, (x,), name="chain")
+    _, plan, _ = compile_graph(cap, channels_last=True)
+    packed, _ = pack_plan(plan, "x86-64-v3")
+    assert sorted(find_blocks(packed)) == [1, 4, 7]
+    pkg = tmp_path / "chain.pkg"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", "x86-64-v3"),)), aotc_cache)
+    with torch.no_grad():
+        want = model(x).numpy()
+    for threads in (1, 2):
+        got = aotc.load(pkg, device="cpu", num_threads=threads)(x.numpy())
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))

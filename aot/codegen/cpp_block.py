@@ -38,6 +38,7 @@ class KernelWriter(Protocol):
 
     def nhwc_epilogue(self, w: Writer, head: str, close: str, ow: str) -> None: ...
 
+
 ROW_PITCH = sympy.Symbol("aotc_ldt", integer=True, positive=True)  # the row buffer's pitch (the tile's ldt)
 ROW_DST = "aotc_dst"  # the row buffer an in-place epilogue stores into
 # Bytes of one image's expanded tensor (H x W x hidden fp32) from which the block runs fused: below it the
@@ -148,8 +149,8 @@ def find_blocks(prog: K.Plan) -> dict[int, tuple[K.Conv, K.Conv, K.Conv]]:
     """Kernel index -> the (expand, depthwise, project) convs starting there that ``aotc_conv_block`` runs:
     the expand's and the depthwise's outputs are dense channels-last, read by the next stage alone, and
     their epilogues read only weights; the depthwise has dilation 1; the block's output does not share
-    arena bytes with its input (the memory plan may reuse a buffer once its last reader ran, and fused, the
-    expand reads the input until the project's last row is written)."""
+    arena bytes with its input (fused, the expand reads the input until the project's last row is written;
+    aot/memory.py keeps a chain's input alive that long, and this check stays for any other plan)."""
     weights = {b.name for b in prog.weights}
     outputs = {b.name for b in prog.outputs}
     readers: dict[str, int] = {}
