@@ -25,8 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from aotc.errors import PackageCorrupt
-from aotc.package import (
+from aotc.container import (
     ALIGN,
     ALIGN_EXTRA,
     CENTRAL,
@@ -40,9 +39,9 @@ from aotc.package import (
     LOCATOR64,
     LOCATOR64_SIG,
     MAX32,
-    PAD_PREFIX,
-    ST_DTYPES,
 )
+from aotc.errors import PackageCorrupt
+from aotc.package import PAD_PREFIX, ST_DTYPES
 from aotc.schema import (
     HASH_CHUNK,
     MANIFEST,

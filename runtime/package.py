@@ -28,28 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .container import (  # noqa: F401  (the ZIP records are re-exported for the writer, aotc_build.package)
-    ALIGN,
-    ALIGN_EXTRA,
-    CENTRAL,
-    CENTRAL_SIG,
-    EOCD,
-    EOCD64,
-    EOCD64_SIG,
-    EOCD_SIG,
-    LOCAL,
-    LOCAL_SIG,
-    LOCATOR64,
-    LOCATOR64_SIG,
-    MAX32,
-    MAX_MEMBERS,
-    ZIP64_EXTRA,
-    Container,
-    Entry,
-    _corrupt,
-    member_ranges,
-    read_entries,
-)
+from .container import ALIGN, Container, Entry, _corrupt, member_ranges, read_entries  # noqa: F401  (read_entries: aotc.package's API)
 from .errors import PackageCorrupt
 from .schema import (
     ITEMSIZE,
