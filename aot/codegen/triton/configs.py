@@ -66,8 +66,9 @@ class Config:
 @dataclass(frozen=True)
 class Shape:
     """What a config choice depends on. ``mode``: "f16" (bf16 and fp16 alike: both are 2-byte tensor-core
-    types), "tf32" (fp32 operands on tensor cores, ``--precision tf32``), "f32" (fp32: three TF32 products on
-    the tensor cores from sm_80, ieee FMA before; see ``tensor_f32``), or "other" (fp64/integers: the broadcast-sum fallback)."""
+    types), "tf32" (fp32 operands on tensor cores, ``--precision tf32``), "f32" (fp32: ieee FMA, except
+    convolutions from sm_80, three TF32 products on the tensor cores: ``tensor_f32``), or "other"
+    (fp64/integers: the broadcast-sum fallback)."""
 
     kind: str  # "matmul" | "conv" | "attention" | "attention_causal" | "reduce"
     mode: str
