@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_side_by_side.py [--models mlp,cnn,bert,mobilenet,gpt2_1,gpt2_4]
                                           [--out FILE.json] [--threads N] [--no-compile] [--no-extras]
-                                          [--target cpu:native|cpu:x86-64-v3|...]
+                                          [--target cpu:native|cpu:x86-64-v3|...] [--avx2]
 
 Every engine gets the same inputs and the same thread count (the machine's cores unless --threads);
 fp32; each round times 30 single calls and takes their median, three rounds interleave the engines,
@@ -12,6 +12,10 @@ ONNX Runtime and torch.compile divided by aotc (above 1: aotc is faster); the ge
 Extras: the aotc matmul kernel at 2048^3 against torch.mm in the same process (GFLOP/s), and the cold
 start of the MLP package (new process -> import aotc -> load -> first output), idle and with another
 process keeping one core busy. Writes JSON with the CPU model, flags, threads, versions and date.
+--avx2 stands in for an AVX2-only machine on an AVX-512 one: aotc runs its x86-64-v3 code, and torch (eager and
+torch.compile: ATen, oneDNN, MKL, Inductor's vector ISA and -march) is held to AVX2 through their environment switches.
+ONNX Runtime's MLAS picks its kernels by CPUID and has no such switch, so it keeps AVX-512: the ratios then
+understate aotc against ORT. The JSON records which ISA each engine ran.
 On 2 cores the whole set takes several minutes (torch.compile and the aotc build of GPT-2 dominate).
 """
 
@@ -33,9 +37,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-import torch
-from torch import nn
+# Read by ATen, oneDNN, MKL and Inductor when torch is imported, so set before the import below.
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+if "--avx2" in sys.argv:
+    os.environ.update(AVX2_ENV)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -286,7 +295,13 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build on few cores)")
     ap.add_argument("--no-extras", action="store_true", help="skip the 2048^3 matmul and the cold start")
     ap.add_argument("--target", default="cpu:native", help="the aotc package's CPU target (cpu:x86-64-v3: the AVX2 code)")
+    ap.add_argument("--avx2", action="store_true", help="stand in for an AVX2-only CPU: aotc x86-64-v3, torch held to AVX2")
     args = ap.parse_args()
+    if args.avx2:
+        import torch._inductor.config as inductor_config
+
+        args.target = "cpu:x86-64-v3"
+        inductor_config.cpp.march = "x86-64-v3"  # Inductor's g++ line, which is -march=native otherwise
     torch.set_num_threads(args.threads)
     cpu = _cpu()
     doc: dict = {
@@ -295,7 +310,11 @@ def main() -> None:
         "method": f"fp32; per engine the median of {CALLS} single calls; best of {ROUNDS} interleaved rounds; "
                   f"aotc built for {args.target}; best_peer_over_aotc = min(ORT, torch.compile) / aotc",
         "rows": [], "notes": [], "loadavg_start": os.getloadavg(),
+        "isa": {"aotc": args.target, "torch": torch.backends.cpu.get_cpu_capability(),
+                "onnxruntime": "MLAS picks by CPUID (no switch): the machine's best"},
     }  # fmt: skip
+    if args.avx2:
+        doc["notes"].append(f"--avx2: torch held to AVX2 through {AVX2_ENV}; ONNX Runtime still uses AVX-512 where present")
     if args.no_compile:
         doc["notes"].append("torch.compile skipped (--no-compile)")
     for key in args.models.split(","):
