@@ -337,6 +337,41 @@ static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, in
     aotc_conv_row_micro_part<T, MR, NH, NV, STEP>(nkh, klen, a, lda, b + j0 * L, c + j0 * L, ldc);
 }
 
+// The row micro-kernel of a 3-wide kernel row at stride 1 over C = STEP channels with a one-vector panel (16
+// or fewer output channels on AVX-512: a ResNet's first stage and its stem). aotc_conv_row_micro_part
+// broadcasts one input per multiply-add there -- as many loads as FMAs, the load ports the limit. Here
+// each input of the strip's MR + 2 pixels is broadcast once and feeds the (up to) three outputs whose
+// windows hold it, against the three weight vectors of its channel: MR + 5 loads per 3 x MR multiply-adds.
+// (Each output sums its kernel row's taps channel by channel, kw innermost: not the packed order, kw outer.)
+template <class T, int MR, int STEP>
+static inline void aotc_conv_slide3(int64_t nkh, const T* a, int64_t lda, const T* __restrict b, T* c, int64_t ldc) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), C = STEP;
+  V acc[MR];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) acc[i] = V{};
+  for (int64_t kh = 0; kh < nkh; ++kh, a += lda, b += 3 * C * L) {
+#pragma GCC unroll 2
+    for (int k = 0; k < C; ++k) {
+      const T* ak = a + k;
+      __asm__("" : "+r"(ak));  // one broadcast per input, not values carried in registers (see above)
+      V w0, w1, w2;
+      memcpy(&w0, b + k * L, sizeof(V));
+      memcpy(&w1, b + (C + k) * L, sizeof(V));
+      memcpy(&w2, b + (2 * C + k) * L, sizeof(V));
+#pragma GCC unroll 40
+      for (int j = 0; j < MR + 2; ++j) {
+        const V xv = aotc_vset1(ak[j * C]);
+        if (j < MR) acc[j] = aotc_vfma(xv, w0, acc[j]);
+        if (j >= 1 && j - 1 < MR) acc[j - 1] = aotc_vfma(xv, w1, acc[j - 1]);
+        if (j >= 2) acc[j - 2] = aotc_vfma(xv, w2, acc[j - 2]);
+      }
+    }
+  }
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) memcpy(c + i * ldc, &acc[i], sizeof(V));
+}
+
 // The border pixels (ow < lo or ow >= hi: windows crossing the left or right edge) of output rows
 // [oh0, oh0 + rows), the output channels of panel bp, into c[(oh - oh0) * ldr + ow * ldc + :NR]: M of them
 // at a time, across rows, through the generic micro-kernel -- one pointer per (pixel, tap), a tap outside
@@ -380,6 +415,28 @@ static void aotc_conv_edges(const aotc_conv_shape& s, const T* xn, int64_t sxh, 
     aotc_conv_edges_by<T, NV, 2>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc);
 }
 
+// Pixels [lo, hi) (at least MR) in strips: f(std::integral_constant<int, M>, ow) for the M pixels from ow,
+// M = MR, or MR2 / MR4 for a last short strip, or overlapping the strip before (equal values written twice).
+template <int MR, int MR2, int MR4, class F>
+static inline void aotc_conv_row_strips(int64_t lo, int64_t hi, F f) {
+  for (int64_t ow = lo; ow < hi;) {
+    const int64_t rem = hi - ow;
+    if (rem > 3 * MR / 4) {
+      ow = aotc_mm_min(ow, hi - MR);
+      f(std::integral_constant<int, MR>(), ow);
+      ow += MR;
+    } else if (rem > MR4) {
+      ow = aotc_mm_min(ow, hi - MR2);
+      f(std::integral_constant<int, MR2>(), ow);
+      ow += MR2;
+    } else {
+      ow = hi - MR4;
+      f(std::integral_constant<int, MR4>(), ow);
+      ow += MR4;
+    }
+  }
+}
+
 // Output row oh of a conv over dense channels-last input (image xn, row stride sxh), the output channels of
 // one panel bp, into c[ow * ldc + :NR]: the interior [lo, hi) (at least MR pixels) in strips of MR pixels
 // (a last short strip as MR / 2 or MR / 4, or overlapping the one before: the overlap writes equal values
@@ -396,22 +453,17 @@ static void aotc_conv_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, co
   const int64_t nkh = kh1 > kh0 ? kh1 - kh0 : 0, lda = s.dh * sxh;
   const T* a0 = xn + (ih + kh0 * s.dh) * sxh - s.pw * s.C;  // + ow * STEP: pixel ow's first tap
   const T* b0 = bp + kh0 * klen * NR;
-  for (int64_t ow = lo; ow < hi;) {
-    const int64_t rem = hi - ow;
-    if (rem > 3 * MR / 4) {
-      ow = aotc_mm_min(ow, hi - MR);
-      aotc_conv_row_micro<T, MR, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
-      ow += MR;
-    } else if (rem > MR4) {
-      ow = aotc_mm_min(ow, hi - MR2);
-      aotc_conv_row_micro<T, MR2, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
-      ow += MR2;
-    } else {
-      ow = hi - MR4;
-      aotc_conv_row_micro<T, MR4, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
-      ow += MR4;
+  if constexpr (NV == 1 && STEP > 0) {
+    if (s.KW == 3 && s.sw == 1 && s.dw == 1 && s.C == STEP) {
+      aotc_conv_row_strips<MR, MR2, MR4>(lo, hi, [&](auto m, int64_t ow) {
+        aotc_conv_slide3<T, decltype(m)::value, STEP>(nkh, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      });
+      return;
     }
   }
+  aotc_conv_row_strips<MR, MR2, MR4>(lo, hi, [&](auto m, int64_t ow) {
+    aotc_conv_row_micro<T, decltype(m)::value, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+  });
 }
 
 // The buffers of a packed conv's parallel loop: ``per`` elements for each of ``nthreads`` threads (the
@@ -940,6 +992,10 @@ int main() {
     fails += aotc_conv_check_nhwc<1, 4>({1, 4, 5, 40, 16, 3, 3, 9, 40, 1, 1, 3, 1, 1, 1, 1}, nchw);    // rows of zeros
     fails += aotc_conv_check_nhwc<2, 12>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);    // too narrow
     fails += aotc_conv_check_nhwc<2, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);    // 3 panels
+    // the sliding 3-wide row kernel (one-vector panel, stride 1, STEP = C): padded and not, fewer outputs
+    // than a vector, kernel rows clipped at the top and bottom
+    fails += aotc_conv_check_nhwc<1, 16>({1, 16, 6, 50, 13, 3, 3, 6, 50, 1, 1, 1, 1, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<1, 5>({2, 5, 7, 45, 16, 3, 3, 5, 43, 1, 1, 0, 0, 1, 1, 1}, nchw);
     // 4-vector panels (AVX2's 32 channels): passes of fewer vectors where the accumulators would spill
     fails += aotc_conv_check_nhwc<4, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);
     fails += aotc_conv_check_nhwc<4>({2, 6, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);
