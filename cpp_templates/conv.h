@@ -688,6 +688,9 @@ static inline T aotc_conv_fin(T v, const aotc_conv_clamp<T>& f, const T* bias, i
   v = (v != v || v > f.lo) ? v : f.lo;
   return (v != v || v < f.hi) ? v : f.hi;
 }
+// The vector form: on x86, maxps/minps with v second (they return their second operand when either is a
+// NaN), two instructions where the compares and blends of the generic form take six (conv_dw.h's
+// aotc_block_vclamp found the same on AVX2). A zero of either sign may come out as the other.
 template <class T, class V>
 static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
   if (bias != NULL) {
@@ -696,6 +699,12 @@ static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, 
     v += b;
   }
   const V lo = aotc_vset1(f.lo), hi = aotc_vset1(f.hi);
+#if AOTC_VBYTES == 64
+  if constexpr (std::is_same<T, float>::value)  // maskz with every lane: no _mm512_undefined_ps warning
+    return (V)_mm512_maskz_min_ps(0xffff, (__m512)hi, _mm512_maskz_max_ps(0xffff, (__m512)lo, (__m512)v));
+#elif AOTC_VBYTES == 32 && defined(__AVX__)
+  if constexpr (std::is_same<T, float>::value) return (V)_mm256_min_ps((__m256)hi, _mm256_max_ps((__m256)lo, (__m256)v));
+#endif
   v = ((v != v) | (v > lo)) ? v : lo;
   return ((v != v) | (v < hi)) ? v : hi;
 }
