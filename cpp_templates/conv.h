@@ -337,40 +337,59 @@ static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, in
     aotc_conv_row_micro_part<T, MR, NH, NV, STEP>(nkh, klen, a, lda, b + j0 * L, c + j0 * L, ldc);
 }
 
-// The row micro-kernel of a 3-wide kernel row at stride 1 over C = STEP channels with a one-vector panel (16
-// or fewer output channels on AVX-512: a ResNet's first stage and its stem). aotc_conv_row_micro_part
-// broadcasts one input per multiply-add there -- as many loads as FMAs, the load ports the limit. Here
-// each input of the strip's MR + 2 pixels is broadcast once and feeds the (up to) three outputs whose
-// windows hold it, against the three weight vectors of its channel: MR + 5 loads per 3 x MR multiply-adds.
-// (Each output sums its kernel row's taps channel by channel, kw innermost: not the packed order, kw outer.)
-template <class T, int MR, int STEP>
+// The row micro-kernel of a 3-wide kernel row at stride 1 over C = STEP channels with a panel of one or two
+// vectors (32 or fewer output channels on AVX-512, 8 on AVX2: a ResNet's first stages and its stem).
+// aotc_conv_row_micro_part broadcasts one input per NV multiply-adds -- with one vector as many loads as
+// FMAs, the load ports the limit. Here each input of the strip's MR + 2 pixels is broadcast once and feeds
+// the (up to) three outputs whose windows hold it, against the three weight vectors of its channel:
+// MR + 2 + 3 NV loads per 3 MR NV FMAs. MR: aotc_conv_slide_rows (the accumulators, the 3 NV weights and a
+// broadcast in the registers). Each output sums its kernel row's taps channel by channel, kw innermost
+// (the packed order has kw outer): a different order of the same products.
+template <class T, int MR, int NV, int STEP>
 static inline void aotc_conv_slide3(int64_t nkh, const T* a, int64_t lda, const T* __restrict b, T* c, int64_t ldc) {
   typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T)), C = STEP;
-  V acc[MR];
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), C = STEP, NR = NV * L;
+  V acc[MR][NV];
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i) acc[i] = V{};
-  for (int64_t kh = 0; kh < nkh; ++kh, a += lda, b += 3 * C * L) {
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[i][v] = V{};
+  for (int64_t kh = 0; kh < nkh; ++kh, a += lda, b += 3 * C * NR) {
 #pragma GCC unroll 2
     for (int k = 0; k < C; ++k) {
       const T* ak = a + k;
       __asm__("" : "+r"(ak));  // one broadcast per input, not values carried in registers (see above)
-      V w0, w1, w2;
-      memcpy(&w0, b + k * L, sizeof(V));
-      memcpy(&w1, b + (C + k) * L, sizeof(V));
-      memcpy(&w2, b + (2 * C + k) * L, sizeof(V));
+      V w[3][NV];
+#pragma GCC unroll 3
+      for (int kw = 0; kw < 3; ++kw)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) memcpy(&w[kw][v], b + (kw * C + k) * NR + v * L, sizeof(V));
 #pragma GCC unroll 40
       for (int j = 0; j < MR + 2; ++j) {
         const V xv = aotc_vset1(ak[j * C]);
-        if (j < MR) acc[j] = aotc_vfma(xv, w0, acc[j]);
-        if (j >= 1 && j - 1 < MR) acc[j - 1] = aotc_vfma(xv, w1, acc[j - 1]);
-        if (j >= 2) acc[j - 2] = aotc_vfma(xv, w2, acc[j - 2]);
+#pragma GCC unroll 3
+        for (int kw = 0; kw < 3; ++kw)
+          if (j - kw >= 0 && j - kw < MR)
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; ++v) acc[j - kw][v] = aotc_vfma(xv, w[kw][v], acc[j - kw][v]);
       }
     }
   }
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i) memcpy(c + i * ldc, &acc[i], sizeof(V));
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) memcpy(c + i * ldc + v * L, &acc[i][v], sizeof(V));
 }
+
+// Pixels per aotc_conv_slide3 strip: MR x NV accumulators, 3 NV weights, a broadcast and one spare in the
+// registers, at most the row kernel's MR (0: the row kernel instead). Two vectors only with 32 registers:
+// AVX2's 4-pixel strips of two vectors ran at 0.9x its row kernel (b1c1 of the CNN, 1 thread).
+template <int NV, int MR>
+struct aotc_conv_slide_rows {
+  static constexpr int regs = AOTC_VBYTES == 64 ? 32 : 16;
+  static constexpr int fit = NV == 1 || (NV == 2 && regs == 32) ? (regs - 3 * NV - 2) / NV : 0;
+  static constexpr int value = fit < 4 ? 0 : fit < MR ? fit : MR;
+};
 
 // The border pixels (ow < lo or ow >= hi: windows crossing the left or right edge) of output rows
 // [oh0, oh0 + rows), the output channels of panel bp, into c[(oh - oh0) * ldr + ow * ldc + :NR]: M of them
@@ -453,10 +472,11 @@ static void aotc_conv_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, co
   const int64_t nkh = kh1 > kh0 ? kh1 - kh0 : 0, lda = s.dh * sxh;
   const T* a0 = xn + (ih + kh0 * s.dh) * sxh - s.pw * s.C;  // + ow * STEP: pixel ow's first tap
   const T* b0 = bp + kh0 * klen * NR;
-  if constexpr (NV == 1 && STEP > 0) {
+  constexpr int SR = aotc_conv_slide_rows<NV, MR>::value;
+  if constexpr (SR > 0 && STEP > 0) {
     if (s.KW == 3 && s.sw == 1 && s.dw == 1 && s.C == STEP) {
-      aotc_conv_row_strips<MR, MR2, MR4>(lo, hi, [&](auto m, int64_t ow) {
-        aotc_conv_slide3<T, decltype(m)::value, STEP>(nkh, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      aotc_conv_row_strips<SR, SR / 2, SR / 4>(lo, hi, [&](auto m, int64_t ow) {
+        aotc_conv_slide3<T, decltype(m)::value, NV, STEP>(nkh, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
       });
       return;
     }
@@ -1001,10 +1021,12 @@ int main() {
     fails += aotc_conv_check_nhwc<1, 4>({1, 4, 5, 40, 16, 3, 3, 9, 40, 1, 1, 3, 1, 1, 1, 1}, nchw);    // rows of zeros
     fails += aotc_conv_check_nhwc<2, 12>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);    // too narrow
     fails += aotc_conv_check_nhwc<2, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);    // 3 panels
-    // the sliding 3-wide row kernel (one-vector panel, stride 1, STEP = C): padded and not, fewer outputs
-    // than a vector, kernel rows clipped at the top and bottom
+    // the sliding 3-wide row kernel (panels of one or two vectors, stride 1, STEP = C): padded and not,
+    // fewer outputs than a vector, kernel rows clipped at the top and bottom, two panels
     fails += aotc_conv_check_nhwc<1, 16>({1, 16, 6, 50, 13, 3, 3, 6, 50, 1, 1, 1, 1, 1, 1, 1}, nchw);
     fails += aotc_conv_check_nhwc<1, 5>({2, 5, 7, 45, 16, 3, 3, 5, 43, 1, 1, 0, 0, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<2, 16>({1, 16, 6, 50, 29, 3, 3, 6, 50, 1, 1, 1, 1, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<2, 3>({2, 3, 7, 45, 70, 3, 3, 5, 43, 1, 1, 0, 0, 1, 1, 1}, nchw);
     // 4-vector panels (AVX2's 32 channels): passes of fewer vectors where the accumulators would spill
     fails += aotc_conv_check_nhwc<4, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);
     fails += aotc_conv_check_nhwc<4>({2, 6, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);
