@@ -337,6 +337,60 @@ static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, in
     aotc_conv_row_micro_part<T, MR, NH, NV, STEP>(nkh, klen, a, lda, b + j0 * L, c + j0 * L, ldc);
 }
 
+// The row micro-kernel of a 3-wide kernel row at stride 1 over C = STEP channels with a panel of one or two
+// vectors (32 or fewer output channels on AVX-512, 8 on AVX2: a ResNet's first stages and its stem).
+// aotc_conv_row_micro_part broadcasts one input per NV multiply-adds -- with one vector as many loads as
+// FMAs, the load ports the limit. Here each input of the strip's MR + 2 pixels is broadcast once and feeds
+// the (up to) three outputs whose windows hold it, against the three weight vectors of its channel:
+// MR + 2 + 3 NV loads per 3 MR NV FMAs. MR: aotc_conv_slide_rows (the accumulators, the 3 NV weights and a
+// broadcast in the registers). Each output sums its kernel row's taps channel by channel, kw innermost
+// (the packed order has kw outer): a different order of the same products.
+template <class T, int MR, int NV, int STEP>
+static inline void aotc_conv_slide3(int64_t nkh, const T* a, int64_t lda, const T* __restrict b, T* c, int64_t ldc) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), C = STEP, NR = NV * L;
+  V acc[MR][NV];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[i][v] = V{};
+  for (int64_t kh = 0; kh < nkh; ++kh, a += lda, b += 3 * C * NR) {
+#pragma GCC unroll 2
+    for (int k = 0; k < C; ++k) {
+      const T* ak = a + k;
+      __asm__("" : "+r"(ak));  // one broadcast per input, not values carried in registers (see above)
+      V w[3][NV];
+#pragma GCC unroll 3
+      for (int kw = 0; kw < 3; ++kw)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) memcpy(&w[kw][v], b + (kw * C + k) * NR + v * L, sizeof(V));
+#pragma GCC unroll 40
+      for (int j = 0; j < MR + 2; ++j) {
+        const V xv = aotc_vset1(ak[j * C]);
+#pragma GCC unroll 3
+        for (int kw = 0; kw < 3; ++kw)
+          if (j - kw >= 0 && j - kw < MR)
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; ++v) acc[j - kw][v] = aotc_vfma(xv, w[kw][v], acc[j - kw][v]);
+      }
+    }
+  }
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) memcpy(c + i * ldc + v * L, &acc[i][v], sizeof(V));
+}
+
+// Pixels per aotc_conv_slide3 strip: MR x NV accumulators, 3 NV weights, a broadcast and one spare in the
+// registers, at most the row kernel's MR (0: the row kernel instead). Two vectors only with 32 registers:
+// AVX2's 4-pixel strips of two vectors ran at 0.9x its row kernel (b1c1 of the CNN, 1 thread).
+template <int NV, int MR>
+struct aotc_conv_slide_rows {
+  static constexpr int regs = AOTC_VBYTES == 64 ? 32 : 16;
+  static constexpr int fit = NV == 1 || (NV == 2 && regs == 32) ? (regs - 3 * NV - 2) / NV : 0;
+  static constexpr int value = fit < 4 ? 0 : fit < MR ? fit : MR;
+};
+
 // The border pixels (ow < lo or ow >= hi: windows crossing the left or right edge) of output rows
 // [oh0, oh0 + rows), the output channels of panel bp, into c[(oh - oh0) * ldr + ow * ldc + :NR]: M of them
 // at a time, across rows, through the generic micro-kernel -- one pointer per (pixel, tap), a tap outside
@@ -380,6 +434,28 @@ static void aotc_conv_edges(const aotc_conv_shape& s, const T* xn, int64_t sxh, 
     aotc_conv_edges_by<T, NV, 2>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc);
 }
 
+// Pixels [lo, hi) (at least MR) in strips: f(std::integral_constant<int, M>, ow) for the M pixels from ow,
+// M = MR, or MR2 / MR4 for a last short strip, or overlapping the strip before (equal values written twice).
+template <int MR, int MR2, int MR4, class F>
+static inline void aotc_conv_row_strips(int64_t lo, int64_t hi, F f) {
+  for (int64_t ow = lo; ow < hi;) {
+    const int64_t rem = hi - ow;
+    if (rem > 3 * MR / 4) {
+      ow = aotc_mm_min(ow, hi - MR);
+      f(std::integral_constant<int, MR>(), ow);
+      ow += MR;
+    } else if (rem > MR4) {
+      ow = aotc_mm_min(ow, hi - MR2);
+      f(std::integral_constant<int, MR2>(), ow);
+      ow += MR2;
+    } else {
+      ow = hi - MR4;
+      f(std::integral_constant<int, MR4>(), ow);
+      ow += MR4;
+    }
+  }
+}
+
 // Output row oh of a conv over dense channels-last input (image xn, row stride sxh), the output channels of
 // one panel bp, into c[ow * ldc + :NR]: the interior [lo, hi) (at least MR pixels) in strips of MR pixels
 // (a last short strip as MR / 2 or MR / 4, or overlapping the one before: the overlap writes equal values
@@ -396,22 +472,18 @@ static void aotc_conv_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, co
   const int64_t nkh = kh1 > kh0 ? kh1 - kh0 : 0, lda = s.dh * sxh;
   const T* a0 = xn + (ih + kh0 * s.dh) * sxh - s.pw * s.C;  // + ow * STEP: pixel ow's first tap
   const T* b0 = bp + kh0 * klen * NR;
-  for (int64_t ow = lo; ow < hi;) {
-    const int64_t rem = hi - ow;
-    if (rem > 3 * MR / 4) {
-      ow = aotc_mm_min(ow, hi - MR);
-      aotc_conv_row_micro<T, MR, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
-      ow += MR;
-    } else if (rem > MR4) {
-      ow = aotc_mm_min(ow, hi - MR2);
-      aotc_conv_row_micro<T, MR2, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
-      ow += MR2;
-    } else {
-      ow = hi - MR4;
-      aotc_conv_row_micro<T, MR4, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
-      ow += MR4;
+  constexpr int SR = aotc_conv_slide_rows<NV, MR>::value;
+  if constexpr (SR > 0 && STEP > 0) {
+    if (s.KW == 3 && s.sw == 1 && s.dw == 1 && s.C == STEP) {
+      aotc_conv_row_strips<SR, SR / 2, SR / 4>(lo, hi, [&](auto m, int64_t ow) {
+        aotc_conv_slide3<T, decltype(m)::value, NV, STEP>(nkh, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+      });
+      return;
     }
   }
+  aotc_conv_row_strips<MR, MR2, MR4>(lo, hi, [&](auto m, int64_t ow) {
+    aotc_conv_row_micro<T, decltype(m)::value, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+  });
 }
 
 // The buffers of a packed conv's parallel loop: ``per`` elements for each of ``nthreads`` threads (the
@@ -636,6 +708,9 @@ static inline T aotc_conv_fin(T v, const aotc_conv_clamp<T>& f, const T* bias, i
   v = (v != v || v > f.lo) ? v : f.lo;
   return (v != v || v < f.hi) ? v : f.hi;
 }
+// The vector form: on x86, maxps/minps with v second (they return their second operand when either is a
+// NaN), two instructions where the compares and blends of the generic form take six (conv_dw.h's
+// aotc_block_vclamp found the same on AVX2). A zero of either sign may come out as the other.
 template <class T, class V>
 static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
   if (bias != NULL) {
@@ -644,6 +719,12 @@ static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, 
     v += b;
   }
   const V lo = aotc_vset1(f.lo), hi = aotc_vset1(f.hi);
+#if AOTC_VBYTES == 64
+  if constexpr (std::is_same<T, float>::value)  // maskz with every lane: no _mm512_undefined_ps warning
+    return (V)_mm512_maskz_min_ps(0xffff, (__m512)hi, _mm512_maskz_max_ps(0xffff, (__m512)lo, (__m512)v));
+#elif AOTC_VBYTES == 32 && defined(__AVX__)
+  if constexpr (std::is_same<T, float>::value) return (V)_mm256_min_ps((__m256)hi, _mm256_max_ps((__m256)lo, (__m256)v));
+#endif
   v = ((v != v) | (v > lo)) ? v : lo;
   return ((v != v) | (v < hi)) ? v : hi;
 }
@@ -940,6 +1021,12 @@ int main() {
     fails += aotc_conv_check_nhwc<1, 4>({1, 4, 5, 40, 16, 3, 3, 9, 40, 1, 1, 3, 1, 1, 1, 1}, nchw);    // rows of zeros
     fails += aotc_conv_check_nhwc<2, 12>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);    // too narrow
     fails += aotc_conv_check_nhwc<2, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);    // 3 panels
+    // the sliding 3-wide row kernel (panels of one or two vectors, stride 1, STEP = C): padded and not,
+    // fewer outputs than a vector, kernel rows clipped at the top and bottom, two panels
+    fails += aotc_conv_check_nhwc<1, 16>({1, 16, 6, 50, 13, 3, 3, 6, 50, 1, 1, 1, 1, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<1, 5>({2, 5, 7, 45, 16, 3, 3, 5, 43, 1, 1, 0, 0, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<2, 16>({1, 16, 6, 50, 29, 3, 3, 6, 50, 1, 1, 1, 1, 1, 1, 1}, nchw);
+    fails += aotc_conv_check_nhwc<2, 3>({2, 3, 7, 45, 70, 3, 3, 5, 43, 1, 1, 0, 0, 1, 1, 1}, nchw);
     // 4-vector panels (AVX2's 32 channels): passes of fewer vectors where the accumulators would spill
     fails += aotc_conv_check_nhwc<4, 9>({1, 9, 6, 29, 70, 3, 3, 6, 29, 1, 1, 1, 1, 1, 1, 1}, nchw);
     fails += aotc_conv_check_nhwc<4>({2, 6, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);

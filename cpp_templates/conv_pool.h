@@ -124,23 +124,25 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
       aotc_conv_nhwc_rows<T>(s, x, xs, n, ih0 > 0 ? ih0 : 0, aotc_mm_min(ih1, s.H), xc);
     }
     const T* xn = convert ? (const T*)xc : (const T*)(const void*)x + xs.off + n * xs.s0;
-    for (int64_t js = 0; js < Cp; js += NR) {
-      const T* bp = wp + js / NR * K * NR;
-      for (int64_t oh = oh_lo; oh < oh_hi; ++oh)
-        aotc_conv_row<T, NV, STEP>(s, xn, xds.s2, bp, oh, lo, hi, band + (oh - oh_lo) * row + js, Cp);
-      aotc_conv_edges<T, NV>(s, xn, xds.s2, bp, oh_lo, oh_hi - oh_lo, lo, hi, zero, band + js, row, Cp);
-    }
-    for (int64_t p = 0; p < (oh_hi - oh_lo) * s.OW; ++p) {
-      T* v = band + p * Cp;
-#pragma omp simd
-      for (int64_t oc = 0; oc < s.O; ++oc) v[oc] = pre(oc, v[oc]);
-    }
-    // Any NaN in the band? A pass of its own (in pre's loop the reduction kept GCC from vectorising pre),
-    // over the padding lanes too: a NaN there only sends the band down the NaN-checking path.
+    // Row by row, pre and the NaN test on each conv row just computed (in L1), not in passes over the band.
     int nans = 0;
-    const int64_t elems = (oh_hi - oh_lo) * row;
+    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+      T* r = band + (oh - oh_lo) * row;
+      for (int64_t js = 0; js < Cp; js += NR) {
+        const T* bp = wp + js / NR * K * NR;
+        aotc_conv_row<T, NV, STEP>(s, xn, xds.s2, bp, oh, lo, hi, r + js, Cp);
+        aotc_conv_edges<T, NV>(s, xn, xds.s2, bp, oh, 1, lo, hi, zero, r + js, row, Cp);
+      }
+      for (int64_t p = 0; p < s.OW; ++p) {
+        T* v = r + p * Cp;
+#pragma omp simd
+        for (int64_t oc = 0; oc < s.O; ++oc) v[oc] = pre(oc, v[oc]);
+      }
+      // Any NaN? A loop of its own (in pre's loop the reduction kept GCC from vectorising pre), over the
+      // padding lanes too: a NaN there only sends the band down the NaN-checking path.
 #pragma omp simd reduction(| : nans)
-    for (int64_t i = 0; i < elems; ++i) nans |= band[i] != band[i];
+      for (int64_t i = 0; i < row; ++i) nans |= r[i] != r[i];
+    }
     for (int64_t ph = ph0; ph < ph1; ++ph) {
       if (nans)
         aotc_pool_row<T, MAX, true>(s, pl, band, oh_lo, Cp, s.O, ph, out);

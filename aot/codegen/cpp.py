@@ -3,7 +3,8 @@
 What it is: a printer. Each kernel becomes one ``static void`` function (pointwise and reduction loop
 nests written here, their outer loops one flat loop on the thread pool of ``aotc_pool.h``, the inner
 ones ``omp simd``; matmul and conv call the templates in ``cpp_templates/`` with a generated epilogue
-lambda), and ``aotc_run`` binds the ABI's pointer arrays to buffers and calls the kernels in order.
+lambda, the conv ones printed by cpp_conv.py), and ``aotc_run`` binds the ABI's pointer arrays to buffers
+and calls the kernels in order.
 Values inside the loops (types, the op table, CSE'd temporaries) are spelled by cpp_values.py.
 What it is not: an optimiser. Fusion, layouts and the memory plan are decided before; index
 simplification is sympy's. The op table (``UNARY``/``BINARY`` in cpp_values.py) is the only place that
@@ -15,16 +16,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import replace
+from functools import partial
 
 import sympy
 from aotc.schema import INTERFACE_MARK
 
 from .. import kernel as K
-from ..ir import Op
 from ..options import BuildOptions
 from ..symbolic import to_c
-from .cpp_block import ROW_DST, clamp_of, depthwise_nhwc, find_blocks, in_place, write_block
+from .cpp_block import find_blocks
+from .cpp_conv import ConvEmitter, block_function
 from .cpp_reduce import ReduceEmitter
 from .cpp_values import ACC_DTYPE, STORAGE, Kctx, Values, acc_type, operand_ptr, vtype
 from .writer import Writer
@@ -83,7 +84,7 @@ def kernel_buffers(k: K.Kernel) -> tuple[list[str], set[str]]:
     return order, set(writes)
 
 
-class KernelWriter(ReduceEmitter):
+class KernelWriter(ReduceEmitter, ConvEmitter):
     """Writes one kernel function."""
 
     def __init__(self, prog: K.Program, k: K.Kernel, fname: str, ptrs: dict[str, str], numel: dict[str, str]) -> None:
@@ -295,121 +296,6 @@ class KernelWriter(ReduceEmitter):
             for st in k.stores:
                 self.vals.store(st)
 
-    # -- conv --
-
-    def _conv_call(self, at: str) -> tuple[str, bool]:
-        """The conv template call up to its epilogue, and whether that epilogue gets channels-last tiles:
-        packed weights (cpp_pack.py) take the implicit GEMM, a depthwise conv over channels-last fp32 input
-        with its weight stored [kh][kw][C] (passes/layout.py) the direct kernel, anything else the NCHW one."""
-        k = self.k
-        assert isinstance(k, K.Conv)
-        x, wt = operand_ptr(self.ctx.bufs[k.x.buf], k.x.dtype), operand_ptr(self.ctx.bufs[k.w.buf], k.w.dtype)
-        if k.packed:
-            nr = to_c(k.w.strides[0])
-            self.w.line(f'static_assert({nr} * 4 % AOTC_VBYTES == 0, "conv weights packed for another vector width");')
-            step = k.stride[1] * k.c_in  # input elements between horizontally adjacent output pixels (NHWC)
-            return f"aotc_conv2d_packed<{at}, {nr} * 4 / AOTC_VBYTES, {step}>(aotc_s, {x}, aotc_xs, {wt}, ", True
-        if depthwise_nhwc(k):
-            return f"aotc_conv2d_dw<{at}>(aotc_s, {x}, aotc_xs, {wt} + {to_c(k.w.offset)}, ", True
-        return f"aotc_conv2d<{at}>(aotc_s, {x}, aotc_xs, {wt}, aotc_ws, ", False
-
-    def _conv(self) -> None:
-        k = self.k
-        assert isinstance(k, K.Conv)
-        at = acc_type(k.x.dtype, k.w.dtype)
-        self.ctx.acc_dtype = ACC_DTYPE[at]
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = k.kernel, k.stride, k.padding, k.dilation
-        shape = [k.batch, k.c_in, k.height, k.width, k.c_out, kh, kw, *k.out_hw, sh, sw, ph, pw, dh, dw, k.groups]
-        self.w.line(f"const aotc_conv_shape aotc_s = {{{', '.join(to_c(e) for e in shape)}}};")
-        for name, op in (("xs", k.x), ("ws", k.w)):
-            parts = ", ".join(to_c(e) for e in (op.offset, *op.strides))
-            self.w.line(f"[[maybe_unused]] const aotc_conv_strides aotc_{name} = {{{parts}}};")
-        self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
-        if k.pool is not None:
-            self._conv_pool(at)
-            return
-        call, nhwc = self._conv_call(at)
-        if nhwc:  # Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]
-            args = "int64_t i0, int64_t aotc_p0, int64_t aotc_pb, int64_t aotc_oc0, int64_t aotc_ocb"
-        else:  # Acc(n, oc, p) = tile[(oc - oc0) * ldt + (p - p0)]
-            args = "int64_t i0, int64_t aotc_oc0, int64_t aotc_ocb, int64_t aotc_p0, int64_t aotc_pb"
-        head = f"{call}[&]({args}, const {at}* aotc_tile, int64_t aotc_ldt)"
-
-        def tile() -> None:
-            with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
-                self.w.line(f"const {at}* aotc_row = aotc_tile + (i1 - aotc_oc0) * aotc_ldt;")
-                loop = "for (int64_t i2 = aotc_p0 / aotc_ow; i2 * aotc_ow < aotc_p0 + aotc_pb; ++i2)"
-                with self.w.block(loop):
-                    self.w.line("const int64_t aotc_lo = aotc_max(aotc_p0 - i2 * aotc_ow, 0);")
-                    self.w.line("const int64_t aotc_hi = aotc_min(aotc_p0 + aotc_pb - i2 * aotc_ow, aotc_ow);")
-                    self.ctx.acc = "aotc_row[i2 * aotc_ow + i3 - aotc_p0]"
-                    self.w.line(self._omp("simd"))
-                    with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
-                        self._epilogue()
-
-        with self.w.block(head, "});"):
-            self.w.line("const int64_t aotc_ow = aotc_s.OW;")
-            self._checked_epilogue(self._tile_nhwc if nhwc else tile)
-        if self.k.has_gather:
-            self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
-
-    def _conv_pool(self, at: str) -> None:
-        """A conv with a max/min pool fused after it (cpp_pool.py, conv_pool.h): ``pre`` as a lambda of the
-        channel i1 and the conv's value, then the stores over pooled rows with the pooled value as aotc_red0."""
-        k = self.k
-        assert isinstance(k, K.Conv) and k.pool is not None
-        pl = k.pool
-        call, _ = self._conv_call(at)
-        call = call.replace("aotc_conv2d_packed<", "aotc_conv2d_packed_pool<", 1)
-        call = call.replace(">(aotc_s,", f", {'true' if pl.op is Op.RMAX else 'false'}>(aotc_s,", 1)
-        parts = [*pl.kernel, *pl.stride, *pl.padding, *pl.out_hw]
-        self.w.line(f"const aotc_conv_pool aotc_pl = {{{', '.join(to_c(e) for e in parts)}}};")
-        with self.w.block(f"{call}aotc_pl, [&](int64_t i1, {at} aotc_v) -> {at}", "},"):
-            self.w.line("(void)i1;")
-            self.ctx.acc = "aotc_v"
-            with self.vals.scope([pl.pre]):
-                self.w.line(f"return {self.vals.expr(pl.pre)};")
-        head = (f"[&](int64_t i0, int64_t i1, int64_t aotc_pw0, int64_t aotc_pwb, const {at}* aotc_tile, "
-                "int64_t aotc_ldt)")  # fmt: skip
-        pixels = "for (int64_t i2 = aotc_pw0; i2 < aotc_pw0 + aotc_pwb; ++i2)"
-        with self.w.block(head, "});"), self.w.block(pixels):
-            self.w.line(f"const {at}* aotc_row = aotc_tile + (i2 - aotc_pw0) * aotc_ldt;")
-            self.w.line(self._omp("simd"))
-            with self.w.block(f"for (int64_t i3 = 0; i3 < {k.c_out}; ++i3)"):
-                self.w.line(f"const {at} aotc_red0 = aotc_row[i3];")
-                self._epilogue()
-
-    def _tile_nhwc(self) -> None:
-        """A conv epilogue over a channels-last tile: Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]."""
-        k = self.k
-        assert isinstance(k, K.Conv)
-        at = acc_type(k.x.dtype, k.w.dtype)
-        loop = "for (int64_t i2 = aotc_p0 / aotc_ow; i2 * aotc_ow < aotc_p0 + aotc_pb; ++i2)"  # by rows: no division per pixel
-        with self.w.block(loop):
-            self.w.line("const int64_t aotc_lo = aotc_max(aotc_p0 - i2 * aotc_ow, 0);")
-            self.w.line("const int64_t aotc_hi = aotc_min(aotc_p0 + aotc_pb - i2 * aotc_ow, aotc_ow);")
-            with self.w.block("for (int64_t i3 = aotc_lo; i3 < aotc_hi; ++i3)"):
-                self.w.line(f"const {at}* aotc_row = aotc_tile + (i2 * aotc_ow + i3 - aotc_p0) * aotc_ldt;")
-                self.ctx.acc = "aotc_row[i1 - aotc_oc0]"
-                self.w.line(self._omp("simd"))
-                with self.w.block("for (int64_t i1 = aotc_oc0; i1 < aotc_oc0 + aotc_ocb; ++i1)"):
-                    self._epilogue()
-
-    def nhwc_epilogue(self, w: Writer, head: str, close: str, ow: str) -> None:
-        """This conv's channels-last epilogue as a lambda printed into ``w`` (``head`` opens it, ``close`` ends
-        it, ``ow``: the output width in C): a stage of cpp_block.py's fused block."""
-        k = self.k
-        assert isinstance(k, K.Conv)
-        self.ctx.acc_dtype = ACC_DTYPE[acc_type(k.x.dtype, k.w.dtype)]
-        saved = self.w
-        self.w = self.vals.w = w
-        try:
-            with w.block(head, close):
-                w.line(f"const int64_t aotc_ow = {ow};")
-                self._checked_epilogue(self._tile_nhwc)
-        finally:
-            self.w = self.vals.w = saved
-
     # -- attention --
 
     def _attention(self) -> None:
@@ -481,8 +367,6 @@ class KernelWriter(ReduceEmitter):
             self.ctx.prefix = f"static_cast<{vtype(k.dtype)}>(aotc_acc)"
             for st in k.stores:
                 self.vals.store(st)
-
-
 
 
 # ---- the translation unit --------------------------------------------------------------------------------
@@ -561,7 +445,8 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
             continue
         if j in blocks:  # three kernels, one function
             call, skip = f"{fname}_block", 2
-            text, used = _block(prog, blocks[j], call, ptrs, numel)
+            stage = partial(KernelWriter, prog, fname=call, ptrs=ptrs, numel=numel)
+            text, used = block_function(prog, blocks[j], call, ptrs, touched, stage)
         else:
             call, text, used = fname, KernelWriter(prog, k, fname, ptrs, numel).write(), touched[k.name][0]
         calls.append((call, used))
@@ -610,28 +495,3 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
             w.line('aotc_set_error(err, errlen, "unknown C++ exception");')
             w.line("return AOTC_ERR_UNKNOWN;")
     return w.text()
-
-
-def _block(
-    prog: K.Program, convs: tuple[K.Conv, K.Conv, K.Conv], fname: str, ptrs: dict[str, str], numel: dict[str, str]
-) -> tuple[str, list[str]]:
-    """An inverted-residual block's fused function (cpp_block.py) and the buffers it takes: the three
-    kernels' buffers but the two row tensors that now stay in the template's row buffers."""
-    e, d, p = convs
-    rows = {e.stores[0].buf, d.stores[0].buf}
-    stages = []
-    for k in convs:
-        stage = k if k is p else replace(k, stores=(in_place(k.stores[0]),))
-        kw = KernelWriter(prog, stage, fname, ptrs, numel)
-        if stage.stores[0].buf in rows:
-            kw.ctx.bufs[stage.stores[0].buf] = ROW_DST
-        stages.append(kw)
-    bufs = [b for b in dict.fromkeys(b for k in convs for b in kernel_buffers(k)[0]) if b not in rows]
-    written = set(kernel_buffers(p)[1])
-    params = [f"[[maybe_unused]] const int64_t {s.name}" for s in prog.symbols]
-    for b in bufs:
-        t = STORAGE[prog.buffer(b).dtype]
-        params.append(f"{'' if b in written else 'const '}{t}* {ptrs[b]}")
-    weights = {b.name for b in prog.weights}
-    clamps = (clamp_of(e.stores[0], weights), clamp_of(d.stores[0], weights))
-    return write_block(fname, params, (stages[0], stages[1], stages[2]), clamps), bufs

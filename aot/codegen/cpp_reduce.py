@@ -75,12 +75,14 @@ class ReduceEmitter:
         ``omp simd`` loop over contiguous elements, then one more such loop writes the stores."""
         k = self.k
         assert isinstance(k, K.Reduce)
-        last = len(sizes) - 1
+        last = _lane_loop(k)
         i = f"i{last}"
         self.w.line(f"const int64_t aotc_chunks = aotc_ceildiv({sizes[last]}, {LANES});")
         with ExitStack() as stack:
             outer = [*sizes[:last], "aotc_chunks"]
             self._parallel_for(stack, outer, [*(f"i{j}" for j in range(last)), "aotc_c"], self._work(sizes + rsizes))
+            for j in range(last + 1, len(sizes)):  # the trailing loops of one position (a kept-dims mean)
+                self.w.line(f"[[maybe_unused]] const int64_t i{j} = 0;")
             self.w.line(f"const int64_t aotc_lo = aotc_c * {LANES};")
             self.w.line(f"const int64_t aotc_hi = aotc_min(aotc_lo + {LANES}, {sizes[last]});")
 
@@ -189,18 +191,26 @@ def _unit_step(e: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
     return sympy.expand(e.subs(var, var + 1) - e)
 
 
+def _lane_loop(k: K.Reduce) -> int:
+    """The outer loop a reduce across lanes vectorises: the last one of more than one position (a global
+    average pool that keeps its dims, [N, C, 1, 1] over channels-last input, runs across its channels)."""
+    sizes = [sympy.sympify(r) for r in k.ranges]
+    return max((j for j, n in enumerate(sizes) if n != 1), default=len(sizes) - 1)
+
+
 def _across_lanes(k: K.Reduce) -> bool:
-    """Whether the reduce runs with its last outer loop innermost, vectorised across it (_reduce_lanes):
-    when every load and store is contiguous or constant along that loop and no load is contiguous along
-    the last reduce loop -- a max/avg pool over channels-last input (channels last, window rows and columns
-    the reduce loops), a column sum. The plain order would vectorise over a strided window (or not at all:
-    a 3x3 window's masked, data-dependent max stays scalar and branchy). Not for kernels with row stores
-    (softmax, norms) or a step that reads an earlier step (they need the row's result first)."""
+    """Whether the reduce runs with its last outer loop (of more than one position: _lane_loop) innermost,
+    vectorised across it (_reduce_lanes): when every load and store is contiguous or constant along that
+    loop and no load is contiguous along the last reduce loop -- a max/avg pool over channels-last input
+    (channels last, window rows and columns the reduce loops), a column sum. The plain order would
+    vectorise over a strided window (or not at all: a 3x3 window's masked, data-dependent max stays scalar
+    and branchy). Not for kernels with row stores (softmax, norms) or a step that reads an earlier step
+    (they need the row's result first)."""
     if k.row_stores or not k.ranges or not k.reduce_ranges or k.has_gather:
         return False
     if any(isinstance(v, K.ReduceRef) for step in k.steps for v in K.walk(step.value)):
         return False
-    i = K.loop_var("i", len(k.ranges) - 1)
+    i = K.loop_var("i", _lane_loop(k))
     r = K.loop_var("r", len(k.reduce_ranges) - 1)
     loads = [v.index.expr for s in k.steps for v in K.walk(s.value) if isinstance(v, K.Load) and isinstance(v.index, K.Index)]
     along = [_unit_step(sympy.sympify(e), i) for e in loads]
