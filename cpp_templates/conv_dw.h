@@ -20,15 +20,14 @@
 // Steps: R output rows at a time (at least AOTC_BLOCK_PIXELS pixels: full micro-kernel strips on a 7x7
 // image too), from a ring of the (R - 1) * sh + KH input rows they need; each step expands only the rows
 // the ring does not hold yet. Threads: one task per (image, strip of output rows); a strip recomputes the
-// KH - sh expanded rows it shares with the strip above (a few percent at 112 rows), so batch 1 splits
-// over rows, not images.
+// KH - sh expanded rows it shares with the strip above (a few percent at 112 rows, a third at 7), so batch 1
+// splits over rows, not images; the strip count is the one that ends soonest (see aotc_conv_block).
 // Epilogues run inside the pool's tasks and must not throw.
 #ifndef AOTC_CONV_DW_H
 #define AOTC_CONV_DW_H
 
-#ifdef AOTC_SELFTEST_CONV_DW  // small shapes on two threads, in strips of two rows
+#ifdef AOTC_SELFTEST_CONV_DW  // small shapes on two threads
 #define AOTC_MM_FLOPS_PER_THREAD 1.0
-#define AOTC_BLOCK_ROWS_PER_STRIP 2
 #define AOTC_BLOCK_PIXELS 24
 #endif
 
@@ -36,9 +35,6 @@
 
 #include "conv.h"
 
-#ifndef AOTC_BLOCK_ROWS_PER_STRIP
-#define AOTC_BLOCK_ROWS_PER_STRIP 8  // output rows per task at least (each task recomputes KH - sh rows)
-#endif
 #ifndef AOTC_BLOCK_PIXELS
 #define AOTC_BLOCK_PIXELS 96  // pixels per 1x1 call at most, and output pixels per step at least (a multiple of every MR)
 #endif
@@ -163,16 +159,22 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   const int64_t drow_sz = aotc_roundup(R * OW * ldd, align), ptile_sz = aotc_roundup(EP * ldp, align);
   const int64_t ind_sz = aotc_roundup((EP + KH) * ptr, align);  // pixel pointers, then KH row pointers
   const int64_t per = ring_sz + etile_sz + drow_sz + ptile_sz + ind_sz + aotc_roundup(ldr, align);  // + the expand's bias
-  // Threads by flops; strips so that every thread gets one and none is much under ROWS_PER_STRIP rows.
+  // Threads by flops; strips per image: the count that ends soonest, a strip costing the expand of the
+  // input rows it needs (the KH - sh rows it shares with the next strip computed twice) and the depthwise
+  // and project of its own rows. Note: a 7x7 image (MobileNetV2's last stages) in two strips of 4 and 3
+  // rows expands 6 + 5 rows for 7, and still ends in ~0.7x the time of one thread doing it all.
   const double flops = 2.0 * (double)N * ((double)H * W * se.C * hid + (double)OH * OW * hid * (KH * sd.KW + sp.O));
   const bool nested = aotc_pool_inside || omp_in_parallel();
   const int64_t most = nested ? 1 : aotc_pool_threads();
   int64_t threads = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD));
   if (threads < 1) threads = 1;
   int64_t strips = 1;
-  if (threads > N) {
-    strips = aotc_mm_min((threads + N - 1) / N, (OH + AOTC_BLOCK_ROWS_PER_STRIP - 1) / AOTC_BLOCK_ROWS_PER_STRIP);
-    if (strips < 1) strips = 1;
+  double best = 0;
+  for (int64_t s = 1; s <= aotc_mm_min(OH, (threads + N - 1) / N); ++s) {
+    const int64_t rows = (OH + s - 1) / s, in_rows = aotc_mm_min((rows - 1) * sh + KH, H);
+    const double strip = (double)in_rows * W * se.C * hid + (double)rows * OW * hid * (KH * sd.KW + sp.O);
+    const double cost = (double)((N * s + threads - 1) / threads) * strip;
+    if (s == 1 || cost < best) best = cost, strips = s;
   }
   const int64_t tasks = N * strips;
   threads = aotc_mm_min(threads, tasks);
