@@ -19,9 +19,10 @@
 //
 // Steps: R output rows at a time (at least AOTC_BLOCK_PIXELS pixels: full micro-kernel strips on a 7x7
 // image too), from a ring of the (R - 1) * sh + KH input rows they need; each step expands only the rows
-// the ring does not hold yet. Threads: one task per (image, strip of output rows); a strip recomputes the
-// KH - sh expanded rows it shares with the strip above (a few percent at 112 rows, a third at 7), so batch 1
-// splits over rows, not images; the strip count is the one that ends soonest (see aotc_conv_block).
+// the ring does not hold yet. Threads: one task per image and either strip of output rows (a strip
+// recomputes the KH - sh expanded rows it shares with the strip above: a few percent at 56 rows, a third
+// at 7) or slice of hidden channels (partial sums of the projection, added up at the end): batch 1 splits
+// over rows or channels, not images, whichever a cost model says ends soonest (see aotc_conv_block).
 // Epilogues run inside the pool's tasks and must not throw.
 #ifndef AOTC_CONV_DW_H
 #define AOTC_CONV_DW_H
