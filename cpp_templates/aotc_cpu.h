@@ -97,14 +97,20 @@ AOTC_ELEM float aotc_round_f16(float x) { return aotc_f16_to_f32(aotc_f32_to_f16
 
 // ---- arithmetic with torch / Python semantics ------------------------------------------------------
 
-// torch.maximum / minimum: NaN in either operand gives NaN.
+// torch.maximum / minimum: NaN in either operand gives NaN; of two equal values (zeros of either sign) a,
+// as torch does. Note: written as x86's maxps/minps select (b > a ? b : a lets a NaN a through) and then
+// a NaN b, because with a constant b (ReLU, ReLU6, a clamp) that second test folds away and GCC
+// vectorizes the rest in two instructions (compare, blend), where the form that tests a for NaN took six
+// (ReLU6 over 32 channels, AVX2: 2x faster; AVX-512: 1.2x).
 template <class T>
 AOTC_ELEM T aotc_maximum(T a, T b) {
-  return (a != a || a > b) ? a : b;
+  const T m = b > a ? b : a;
+  return b != b ? b : m;
 }
 template <class T>
 AOTC_ELEM T aotc_minimum(T a, T b) {
-  return (a != a || a < b) ? a : b;
+  const T m = b < a ? b : a;
+  return b != b ? b : m;
 }
 
 // Integer floor division and Python remainder. Division by zero gives 0 instead of trapping
@@ -239,7 +245,10 @@ int main() {
   fails += aotc_f32_to_bf16(1.0f) != 0x3f80;
   fails += aotc_f32_to_f16(1.0f) != 0x3c00;
   fails += aotc_f16_to_f32(0x3555) != aotc_round_f16(0.33325195f);
-  fails += !std::isnan(aotc_maximum(1.0f, NAN));
+  fails += !std::isnan(aotc_maximum(1.0f, NAN)) + !std::isnan(aotc_maximum(NAN, 1.0f));
+  fails += !std::isnan(aotc_minimum(1.0f, NAN)) + !std::isnan(aotc_minimum(NAN, 1.0f));
+  fails += !std::signbit(aotc_maximum(-0.0f, 0.0f)) + std::signbit(aotc_minimum(0.0f, -0.0f));  // torch: a on ties
+  fails += aotc_maximum(2, 3) != 3 || aotc_minimum(2, 3) != 2 || aotc_maximum(-1.5f, 0.0f) != 0.0f;
   int64_t bad = 0;
   fails += aotc_checked(5, 3, bad) != 0 || bad != 1;
   double worst = 0;  // aotc_expf within 2 ulp of the correctly rounded exp, subnormals and limits included

@@ -19,16 +19,16 @@
 //
 // Steps: R output rows at a time (at least AOTC_BLOCK_PIXELS pixels: full micro-kernel strips on a 7x7
 // image too), from a ring of the (R - 1) * sh + KH input rows they need; each step expands only the rows
-// the ring does not hold yet. Threads: one task per (image, strip of output rows); a strip recomputes the
-// KH - sh expanded rows it shares with the strip above (a few percent at 112 rows), so batch 1 splits
-// over rows, not images.
+// the ring does not hold yet. Threads: one task per image and either strip of output rows (a strip
+// recomputes the KH - sh expanded rows it shares with the strip above: a few percent at 56 rows, a third
+// at 7) or slice of hidden channels (partial sums of the projection, added up at the end): batch 1 splits
+// over rows or channels, not images, whichever a cost model says ends soonest (see aotc_conv_block).
 // Epilogues run inside the pool's tasks and must not throw.
 #ifndef AOTC_CONV_DW_H
 #define AOTC_CONV_DW_H
 
-#ifdef AOTC_SELFTEST_CONV_DW  // small shapes on two threads, in strips of two rows
+#ifdef AOTC_SELFTEST_CONV_DW  // small shapes on two threads
 #define AOTC_MM_FLOPS_PER_THREAD 1.0
-#define AOTC_BLOCK_ROWS_PER_STRIP 2
 #define AOTC_BLOCK_PIXELS 24
 #endif
 
@@ -36,9 +36,6 @@
 
 #include "conv.h"
 
-#ifndef AOTC_BLOCK_ROWS_PER_STRIP
-#define AOTC_BLOCK_ROWS_PER_STRIP 8  // output rows per task at least (each task recomputes KH - sh rows)
-#endif
 #ifndef AOTC_BLOCK_PIXELS
 #define AOTC_BLOCK_PIXELS 96  // pixels per 1x1 call at most, and output pixels per step at least (a multiple of every MR)
 #endif
@@ -107,13 +104,15 @@ static inline void aotc_block_fin_tile(T* c, int64_t ldc, const aotc_conv_clamp<
 }
 
 // The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
-// packed weight wp, O output channels, into c[p - q][0 .. roundup(O, NR)). Without ``fin`` c has
+// packed weight wp, O output channels, into c[p - q][0 .. roundup(O, NR)); wp's panels are kp >= C rows
+// long (rows [k0, k0 + C) of a weight packed for kp input channels: wp points at row k0 of the first panel,
+// wp + k0 * NR). Without ``fin`` c has
 // roundup(np, MR) rows (the last strip's padding rows are written too); with it, ``fin`` is applied in
 // registers (``bias``: image n's, roundup(O, NR) long, or NULL) and only np rows are written: a last
 // partial strip goes through ``tail`` (MR x ldc).
 template <class T, int NV>
 static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t W, int64_t q, int64_t np, int64_t C,
-                                  int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
+                                  int64_t kp, int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
                                   const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int NR = NV * (int)(sizeof(V) / sizeof(T)), MR = aotc_conv_mr<NV>::value;
@@ -125,16 +124,16 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
   for (int64_t js = 0; js < O; js += NR)
     for (int64_t si = 0; si < strips; ++si) {
       if (fin == NULL) {
-        aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * C, c + si * MR * ldc + js, ldc);
+        aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, c + si * MR * ldc + js, ldc);
         continue;
       }
       const T* b = bias != NULL ? bias + js : NULL;
       if (si * MR + MR <= np) {
-        aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * C, c + si * MR * ldc + js, ldc);
+        aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, c + si * MR * ldc + js, ldc);
         aotc_block_fin_tile<T, MR, NV>(c + si * MR * ldc + js, ldc, *fin, b);
         continue;
       }
-      aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * C, tail + js, ldc);
+      aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, tail + js, ldc);
       aotc_block_fin_tile<T, MR, NV>(tail + js, ldc, *fin, b);
       for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
     }
@@ -156,6 +155,39 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   const int64_t ldr = aotc_roundup(hid, NRE);  // pitch of an expanded pixel (the expand's tile)
   const int64_t ldd = aotc_roundup(hid, L);    // pitch of a depthwise output pixel
   const int64_t ldp = aotc_roundup(sp.O, NRP); // pitch of a projected pixel
+  // Threads by flops. A task is an image's (strip of output rows) x (slice of hidden channels); one of the
+  // two is split, by a cost model of the multiply-adds of the slowest thread:
+  // - strips: each expands the input rows it needs, the KH - sh rows it shares with the next strip computed
+  //   twice (a few percent at 56 rows, a third at 7);
+  // - slices (of whole expand panels): nothing computed twice and each thread reads only its part of the
+  //   weights, but each projects into partial sums of the whole image that the caller adds up afterwards.
+  // Note: MobileNetV2's 14x14 and 7x7 blocks split by slices, its larger ones by strips (the partial sums
+  // of a 56x56 image would leave the cache); a batch as large as the thread count splits by images alone.
+  const double per_out = (double)hid * (KH * sd.KW + sp.O), per_in = (double)se.C * hid;
+  const double flops = 2.0 * (double)N * ((double)H * W * per_in + (double)OH * OW * per_out);
+  const bool nested = aotc_pool_inside || omp_in_parallel();
+  const int64_t most = nested ? 1 : aotc_pool_threads();
+  int64_t threads = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD));
+  if (threads < 1) threads = 1;
+  const int64_t per_image = (threads + N - 1) / N, panels = (hid + NRE - 1) / NRE;
+  int64_t strips = 1, slices = 1, pp = panels;  // pp: expand panels per slice
+  double best = 0;
+  for (int64_t s = 1; s <= aotc_mm_min(OH, per_image); ++s) {
+    const int64_t rows = (OH + s - 1) / s, in_rows = aotc_mm_min((rows - 1) * sh + KH, H);
+    const double cost = (double)((N * s + threads - 1) / threads) * ((double)in_rows * W * per_in + (double)rows * OW * per_out);
+    if (s == 1 || cost < best) best = cost, strips = s;
+  }
+  for (int64_t s = 2; s <= aotc_mm_min(panels, per_image); ++s) {
+    const int64_t spp = (panels + s - 1) / s, n_sl = (panels + spp - 1) / spp, part = aotc_mm_min(spp * NRE, hid);
+    const double slice = (double)part / hid * ((double)H * W * per_in + (double)OH * OW * per_out);
+    const double cost = (double)((N * n_sl + threads - 1) / threads) * slice + 2.0 * N * n_sl * OH * OW * sp.O;
+    if (cost < 0.95 * best) best = cost, strips = 1, slices = n_sl, pp = spp;
+  }
+  const int64_t tasks = N * strips * slices;
+  threads = aotc_mm_min(threads, tasks);
+  // Per image and slice (slices > 1): its partial sums, every pixel of the image (and EP rows the last
+  // 1x1 call may pad with).
+  const int64_t part_sz = slices > 1 ? aotc_roundup((OH * OW + EP) * ldp, 16) : 0;
   // Per step R output rows (at least EP pixels when the image has them) from a ring of the cap input rows they need.
   const int64_t R = aotc_mm_min((EP + OW - 1) / OW, OH), cap = (R - 1) * sh + KH;
   const int64_t align = 64 / (int64_t)sizeof(T), ptr = (int64_t)((sizeof(void*) + sizeof(T) - 1) / sizeof(T));
@@ -163,23 +195,11 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   const int64_t drow_sz = aotc_roundup(R * OW * ldd, align), ptile_sz = aotc_roundup(EP * ldp, align);
   const int64_t ind_sz = aotc_roundup((EP + KH) * ptr, align);  // pixel pointers, then KH row pointers
   const int64_t per = ring_sz + etile_sz + drow_sz + ptile_sz + ind_sz + aotc_roundup(ldr, align);  // + the expand's bias
-  // Threads by flops; strips so that every thread gets one and none is much under ROWS_PER_STRIP rows.
-  const double flops = 2.0 * (double)N * ((double)H * W * se.C * hid + (double)OH * OW * hid * (KH * sd.KW + sp.O));
-  const bool nested = aotc_pool_inside || omp_in_parallel();
-  const int64_t most = nested ? 1 : aotc_pool_threads();
-  int64_t threads = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD));
-  if (threads < 1) threads = 1;
-  int64_t strips = 1;
-  if (threads > N) {
-    strips = aotc_mm_min((threads + N - 1) / N, (OH + AOTC_BLOCK_ROWS_PER_STRIP - 1) / AOTC_BLOCK_ROWS_PER_STRIP);
-    if (strips < 1) strips = 1;
-  }
-  const int64_t tasks = N * strips;
-  threads = aotc_mm_min(threads, tasks);
-  const size_t bytes = (size_t)(per * threads) * sizeof(T);
+  const size_t bytes = (size_t)(per * threads + part_sz * N * slices) * sizeof(T);
   T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
   if (nested && own == NULL) throw std::bad_alloc();
   T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  T* parts = ws_all + per * threads;
   aotc_pool_run(tasks, (int)threads, [&](int64_t task, int slot) {
     T* ring = ws_all + (int64_t)slot * per;  // input row ih at ring + (ih % cap) * W * ldr
     T* etile = ring + ring_sz;
@@ -188,7 +208,9 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
     const T** ind = reinterpret_cast<const T**>(ptile + ptile_sz);
     const T** rows = ind + EP;
     T* ebias = ptile + ptile_sz + ind_sz;  // the expand's bias for image n, zero past hid (its packed panels' width)
-    const int64_t n = task / strips, st = task % strips;
+    const int64_t n = task / (strips * slices), st = task / slices % strips, sl = task % slices;
+    const int64_t h0 = sl * pp * NRE, h1 = aotc_mm_min(h0 + pp * NRE, hid), hb = h1 - h0;  // the hidden channels
+    T* part = slices > 1 ? parts + (n * slices + sl) * part_sz : NULL;
     const aotc_conv_clamp<T>* fin_e = NULL;
     aotc_conv_clamp<T> fin_d{NULL, 0, T(0), T(0)};
     if constexpr (aotc_block_fin<T, EpiE>::value) {
@@ -197,7 +219,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
     }
     if constexpr (aotc_block_fin<T, EpiD>::value) {
       fin_d = epi_d;
-      if (fin_d.bias != NULL) fin_d.bias += n * fin_d.bias_n;
+      if (fin_d.bias != NULL) fin_d.bias += n * fin_d.bias_n + h0;
     }
     const int64_t oh0 = st * OH / strips, oh1 = (st + 1) * OH / strips;
     const T* xn = x + xs.off + n * xs.s0;
@@ -212,10 +234,11 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
         const int64_t np = aotc_mm_min(aotc_mm_min((int64_t)EP, need1 * W - q), wrap - q);
         T* dst = ring + ((ih % cap) * W + q % W) * ldr;
         if constexpr (aotc_block_fin<T, EpiE>::value) {
-          aotc_block_1x1<T, NVE>(xn, xs.s2, xs.s3, W, q, np, se.C, hid, we, ind, dst, ldr, fin_e, ebias, etile);
+          aotc_block_1x1<T, NVE>(xn, xs.s2, xs.s3, W, q, np, se.C, se.C, hb, we + h0 * se.C, ind, dst + h0, ldr, fin_e,
+                                 ebias + h0, etile);
         } else {
-          aotc_block_1x1<T, NVE>(xn, xs.s2, xs.s3, W, q, np, se.C, hid, we, ind, etile, ldr);
-          epi_e(n, q, np, (int64_t)0, hid, (const T*)etile, ldr, dst);
+          aotc_block_1x1<T, NVE>(xn, xs.s2, xs.s3, W, q, np, se.C, se.C, hb, we + h0 * se.C, ind, etile, ldr);
+          epi_e(n, q, np, h0, hb, (const T*)etile, ldr, dst);
         }
         q += np;
       }
@@ -226,22 +249,43 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
           rows[kh] = ih >= 0 && ih < H ? ring + (ih % cap) * W * ldr : NULL;
         }
         if (sd.KW == 3)
-          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, 0, hid, drow + j * OW * ldd, ldd);
+          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd);
         else
-          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, 0, hid, drow + j * OW * ldd, ldd);
+          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd);
       }
       // the depthwise's epilogue after its rows, not inside aotc_conv_dw_row: the clamp there is the slow form
       if constexpr (aotc_block_fin<T, EpiD>::value)
-        aotc_block_fin_rows<T>(drow, ldd, r * OW, hid, fin_d, fin_d.bias);
+        aotc_block_fin_rows<T>(drow + h0, ldd, r * OW, hb, fin_d, fin_d.bias);
       else
-        epi_d(n, oh * OW, r * OW, (int64_t)0, hid, (const T*)drow, ldd, drow);
+        epi_d(n, oh * OW, r * OW, h0, hb, (const T*)(drow + h0), ldd, drow);
       for (int64_t q = 0; q < r * OW; q += EP) {
         const int64_t np = aotc_mm_min((int64_t)EP, r * OW - q);
-        aotc_block_1x1<T, NVP>(drow, 0, ldd, r * OW, q, np, hid, sp.O, wp, ind, ptile, ldp);
+        if (part != NULL) {  // this slice's share of the projection, straight into its partial sums
+          aotc_block_1x1<T, NVP>(drow + h0, 0, ldd, r * OW, q, np, hb, hid, sp.O, wp + h0 * NRP, ind, part + (oh * OW + q) * ldp, ldp);
+          continue;
+        }
+        aotc_block_1x1<T, NVP>(drow, 0, ldd, r * OW, q, np, hid, hid, sp.O, wp, ind, ptile, ldp);
         epi_p(n, oh * OW + q, np, (int64_t)0, sp.O, (const T*)ptile, ldp);
       }
     }
   });
+  // slices: add each image's partial sums into its first slice's, EP pixels at a time, and hand them to epi_p
+  for (int64_t n = 0; n < (slices > 1 ? N : 0); ++n)
+    for (int64_t p0 = 0; p0 < OH * OW; p0 += EP) {
+      const int64_t np = aotc_mm_min((int64_t)EP, OH * OW - p0);
+      T* acc = parts + n * slices * part_sz + p0 * ldp;
+      for (int64_t sl = 1; sl < slices; ++sl) {
+        const T* add = acc + sl * part_sz;
+        for (int64_t i = 0; i < np * ldp; i += L) {
+          V a, b;
+          memcpy(&a, acc + i, sizeof(V));
+          memcpy(&b, add + i, sizeof(V));
+          a += b;
+          memcpy(acc + i, &a, sizeof(V));
+        }
+      }
+      epi_p(n, p0, np, (int64_t)0, sp.O, (const T*)acc, ldp);
+    }
   free(own);
 }
 
@@ -336,6 +380,8 @@ int main() {
     fails += aotc_block_check<2, 2>(1, 8, 40, 3, 20, 8, 1, threads, fin);  // tall: several strips
     fails += aotc_block_check<1, 2>(1, 8, 5, 61, 24, 8, 2, threads, fin);  // rows wider than a 1x1 call
     fails += aotc_block_check<2, 1>(3, 7, 7, 7, 40, 9, 1, threads, fin);  // 7x7: one step a strip
+    fails += aotc_block_check<2, 2>(1, 16, 7, 7, 160, 16, 1, threads, fin);  // 7x7 on two threads: hidden slices
+    fails += aotc_block_check<1, 2>(1, 8, 13, 11, 70, 19, 2, threads, fin);  // uneven slices (AVX2), odd channels
   }
   return fails != 0;
 }

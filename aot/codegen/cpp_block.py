@@ -41,10 +41,12 @@ class KernelWriter(Protocol):
 
 ROW_PITCH = sympy.Symbol("aotc_ldt", integer=True, positive=True)  # the row buffer's pitch (the tile's ldt)
 ROW_DST = "aotc_dst"  # the row buffer an in-place epilogue stores into
-# Bytes of one image's expanded tensor (H x W x hidden fp32) from which the block runs fused: below it the
-# tensor stays in L2 between the three kernels anyway, and they split small images over threads better
-# (measured on MobileNetV2 at 1 thread: 1.3-1.9x at 112x112 and 56x56, 1.1x at 28x28, even at 14x14 and 7x7).
-MIN_BYTES = 512 * 1024
+# Bytes of one image's expanded tensor (H x W x hidden fp32) from which the block runs fused. Measured on
+# MobileNetV2's blocks at 1 thread (AVX-512), fused against three kernels: 1.3-1.9x at 112x112 and 56x56,
+# 1.1x at 28x28, 1.03-1.07x at 14x14 and 7x7 (188-451 KiB, where the tensor stays in L2 between the kernels
+# anyway); at 2 threads the small three-kernel chains split worse (their depthwise takes tens of
+# microseconds, less than a worker's wake-up). Below this size nothing was measured: three kernels stay.
+MIN_BYTES = 128 * 1024
 
 
 def depthwise_nhwc(k: K.Conv) -> bool:

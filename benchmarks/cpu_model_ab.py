@@ -1,0 +1,95 @@
+"""A/B of whole aotc packages against ONNX Runtime on one of cpu_side_by_side.py's models, interleaved in one
+process: per engine the wall time and the process's CPU time of single calls, in rounds that alternate the
+engines, at a fixed thread count (the pool's adaptation off: kernel speed, not the thread policy).
+
+    python benchmarks/cpu_model_ab.py [--model mobilenet] [--threads 2] [--rounds 20] [A.pkg B.pkg ...]
+
+Without packages it builds one from the working tree (``--target``). To compare against another commit,
+build its package with that commit's builder first, e.g. (``base`` a directory holding ``git archive`` of
+aot/, runtime/ and cpp_templates/ laid out as the installed names: aotc_build/ with cpp_templates/ inside,
+and aotc/)::
+
+    PYTHONPATH=base python -c '...build_captured(...)'   # then: python benchmarks/cpu_model_ab.py base.pkg new.pkg
+
+On a machine other processes load, wall medians measure the load as much as the code: read the CPU-time
+medians (work per call, spin-waits of idle workers included), the 10th percentile and the minimum of wall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from cpu_side_by_side import MODELS  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("packages", nargs="*", type=Path)
+    ap.add_argument("--model", default="mobilenet", choices=list(MODELS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=10, help="calls per engine per round")
+    ap.add_argument("--target", default="cpu:native", help="the package built when none is given")
+    args = ap.parse_args()
+    import aotc
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    _, make, inputs = MODELS[args.model]
+    model, x = make().eval(), inputs()
+    work = Path(tempfile.mkdtemp(prefix="model_ab_"))
+    torch.onnx.export(model, (x,), str(work / "m.onnx"), dynamo=False, opset_version=17)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = args.threads
+    sess = ort.InferenceSession(str(work / "m.onnx"), so, providers=["CPUExecutionProvider"])
+    feed = {sess.get_inputs()[0].name: x.numpy()}
+    fns: dict[str, Callable[[], object]] = {"onnxruntime": lambda: sess.run(None, feed)}
+    pkgs = list(args.packages)
+    if not pkgs:
+        from aotc_build.build import build_captured
+        from aotc_build.capture import capture_module
+        from aotc_build.options import BuildOptions, parse_target
+
+        pkgs = [work / "m.pkg"]
+        options = BuildOptions(targets=(parse_target(args.target),), selftest=False)
+        build_captured(capture_module(model, (x,), name=args.model), pkgs[0], options)
+    xn = x.numpy()
+    with torch.no_grad():
+        want = model(x).numpy()
+    for p in pkgs:
+        m = aotc.load(p, device="cpu", num_threads=args.threads)
+        m.executor.set_threads(args.threads, fixed_threads=True)
+        got = np.asarray(m(xn))
+        print(f"{p}: {m.executor.target}, max abs diff to eager {float(np.abs(got - want).max()):.2e}")
+        fns[p.name] = lambda m=m: m(xn)
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(args.rounds):
+        for name, fn in fns.items():
+            fn()
+            for _ in range(args.calls):
+                t, c = time.perf_counter(), time.process_time()
+                fn()
+                wall[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
+    print(f"{args.model}, {args.threads} threads (fixed), {args.rounds} rounds x {args.calls} calls, load {os.getloadavg()[0]:.1f}")
+    for name in fns:
+        w = sorted(wall[name])
+        print(f"  {name:24s} cpu median {statistics.median(cpu[name]) * 1e3:7.2f} ms   wall median {statistics.median(w) * 1e3:7.2f}"
+              f"  p10 {w[len(w) // 10] * 1e3:7.2f}  min {w[0] * 1e3:7.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
