@@ -60,6 +60,9 @@
 #ifndef AOTC_MM_TASKS_PER_THREAD
 #define AOTC_MM_TASKS_PER_THREAD 16  // at least, when the columns allow (see aotc_mm_drive)
 #endif
+#ifndef AOTC_MM_PF_SPREAD
+#define AOTC_MM_PF_SPREAD 4  // steps of the micro-kernel per prefetched row of the next panel, at most
+#endif
 #ifndef AOTC_MM_FLOPS_PER_THREAD
 #define AOTC_MM_FLOPS_PER_THREAD 4000000.0  // ~40 us of one core: less work than this per thread stays serial
 #endif
@@ -186,7 +189,10 @@ struct aotc_elem<aotc_f16_tag> {
 // each also prefetch one row of ``pf`` (a part of the next panel), so that panel is in cache when its turn
 // comes: a weight panel streams from memory once per call, and this hides that behind arithmetic. The driver
 // spreads a panel's rows over the strips that use the current one: a burst of a whole panel (2 lines per
-// step) in one strip's call outruns the line-fill buffers and stalls the FMAs.
+// step) in one strip's call outruns the line-fill buffers and stalls the FMAs. Within a call the rows are
+// spread too, one every up to AOTC_MM_PF_SPREAD steps: with few strips (the MLP's 64 rows: 6) one a step
+// still came in bursts, and weights cold in memory ran 64 x 4096 x 4096 at 118 GFLOP/s against 140 with
+// one every 4 (1 thread, CPU time; AVX2, at 100 GFLOP/s, needs half the bandwidth and did not move).
 template <class T, int MR, int R, int NV>
 static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
                                  int64_t ldc, bool accumulate, const T* pf = NULL, int64_t pfk = 0) {
@@ -205,17 +211,21 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
     }
   int64_t k = 0;
   if (pf != NULL) {
-    const int64_t n = pfk < kc ? pfk : kc;
-    for (; k < n; ++k) {
-      for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + k * NR) + l);
-      V b[NV];
+    // a row of ``pf`` every ``sp`` steps, over as much of this call as the rows cover
+    const int64_t spread = pfk > 0 ? kc / pfk : 1;
+    const int sp = spread < 1 ? 1 : (spread > AOTC_MM_PF_SPREAD ? AOTC_MM_PF_SPREAD : (int)spread);
+    for (int64_t r = 0; r < pfk && k < kc; ++r) {
+      for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + r * NR) + l);
+      for (int q = 0; q < sp && k < kc; ++q, ++k) {
+        V b[NV];
 #pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) memcpy(&b[j], bp + k * NR + j * L, sizeof(V));
+        for (int j = 0; j < NV; ++j) memcpy(&b[j], bp + k * NR + j * L, sizeof(V));
 #pragma GCC unroll 16
-      for (int i = 0; i < R; ++i) {
-        const V a = aotc_vset1(ap[k * MR + i]);
+        for (int i = 0; i < R; ++i) {
+          const V a = aotc_vset1(ap[k * MR + i]);
 #pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
+          for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
+        }
       }
     }
   }
