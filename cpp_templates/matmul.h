@@ -8,9 +8,9 @@
 // A is converted to the accumulator type T (float for f32/f16/bf16, double for f64, int64_t for integers)
 // while packing MR-row strips.
 //
-// Structure (GotoBLAS/BLIS): the output is split into MB x NB tiles, one task each of an OpenMP loop over
-// (batch, N-blocks, M-blocks). A task walks K in KC slices: packs its A block into MR-high strips, then for
-// each NR-wide B panel (kept in L1) runs the MR x NR register-blocked micro-kernel over every A strip (in
+// Structure (GotoBLAS/BLIS): the output is split into MB x NB tiles, one task each of a loop over (batch,
+// N-blocks, M-blocks; see m_inner). A task walks K in KC slices: packs its A block into MR-high strips,
+// then for each NR-wide B panel (kept in L1) runs the MR x NR register-blocked micro-kernel over every A strip (in
 // L2), accumulating into a per-thread tile. Skinny blocks over a build-time packed B swap the two outer
 // loops (panel_outer in aotc_mm_drive: each panel down all of K, A packed once). When K is done, the epilogue functor gets the finished tile
 // while it is still in cache:  epi(b, m0, mb, n0, nb, tile, ldt)  with
@@ -446,11 +446,15 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
                                   aotc_mm_min(K - k0, KC), sam, sak);
       });
     }
-    // Task t is (batch, column block, row block), row blocks innermost: the tasks that read one block of B
-    // run next to each other (on 2 threads, at the same time), so B streams from memory about once, not
-    // once per row block (GPT-2 at 4 x 128 tokens has three blocks of 176 rows).
+    // Task t is (batch, column block, row block), row blocks innermost, when a column block of B fits in
+    // L2: the tasks that read one block of B run next to each other (on 2 threads, at the same time), so B
+    // streams from memory about once, not once per row block (GPT-2 at 4 x 128 tokens has three blocks of
+    // 176 rows). A larger block (2048^3: 4 MiB) would not be there for the next task: row blocks outermost.
+    const bool m_inner = (double)NB * (double)K * sizeof(T) <= AOTC_MM_A_L2;
     auto coords = [&](int64_t t, int64_t* bi, int64_t* mi, int64_t* ni) {
-      *bi = t / (mblocks * nblocks), *ni = t / mblocks % nblocks, *mi = t % mblocks;
+      *bi = t / (mblocks * nblocks);
+      *mi = m_inner ? t % mblocks : t / nblocks % mblocks;
+      *ni = m_inner ? t / mblocks % nblocks : t % nblocks;
     };
     // The first B slice of task ``t``, or NULL: a task's last panel prefetches the first of the task this
     // thread likely claims next (t + nthreads), so the stream of a build-time packed B has no cold start
