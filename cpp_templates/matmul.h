@@ -8,9 +8,9 @@
 // A is converted to the accumulator type T (float for f32/f16/bf16, double for f64, int64_t for integers)
 // while packing MR-row strips.
 //
-// Structure (GotoBLAS/BLIS): the output is split into MB x NB tiles, one task each of an OpenMP loop over
-// (batch, M-blocks, N-blocks). A task walks K in KC slices: packs its A block into MR-high strips, then for
-// each NR-wide B panel (kept in L1) runs the MR x NR register-blocked micro-kernel over every A strip (in
+// Structure (GotoBLAS/BLIS): the output is split into MB x NB tiles, one task each of a loop over (batch,
+// N-blocks, M-blocks; see m_inner). A task walks K in KC slices: packs its A block into MR-high strips,
+// then for each NR-wide B panel (kept in L1) runs the MR x NR register-blocked micro-kernel over every A strip (in
 // L2), accumulating into a per-thread tile. Skinny blocks over a build-time packed B swap the two outer
 // loops (panel_outer in aotc_mm_drive: each panel down all of K, A packed once). When K is done, the epilogue functor gets the finished tile
 // while it is still in cache:  epi(b, m0, mb, n0, nb, tile, ldt)  with
@@ -59,6 +59,9 @@
 #endif
 #ifndef AOTC_MM_TASKS_PER_THREAD
 #define AOTC_MM_TASKS_PER_THREAD 16  // at least, when the columns allow (see aotc_mm_drive)
+#endif
+#ifndef AOTC_MM_PF_SPREAD
+#define AOTC_MM_PF_SPREAD 4  // steps of the micro-kernel per prefetched row of the next panel, at most
 #endif
 #ifndef AOTC_MM_FLOPS_PER_THREAD
 #define AOTC_MM_FLOPS_PER_THREAD 4000000.0  // ~40 us of one core: less work than this per thread stays serial
@@ -186,7 +189,10 @@ struct aotc_elem<aotc_f16_tag> {
 // each also prefetch one row of ``pf`` (a part of the next panel), so that panel is in cache when its turn
 // comes: a weight panel streams from memory once per call, and this hides that behind arithmetic. The driver
 // spreads a panel's rows over the strips that use the current one: a burst of a whole panel (2 lines per
-// step) in one strip's call outruns the line-fill buffers and stalls the FMAs.
+// step) in one strip's call outruns the line-fill buffers and stalls the FMAs. Within a call the rows are
+// spread too, one every up to AOTC_MM_PF_SPREAD steps: with few strips (the MLP's 64 rows: 6) one a step
+// still came in bursts, and weights cold in memory ran 64 x 4096 x 4096 at 118 GFLOP/s against 140 with
+// one every 4 (1 thread, CPU time; AVX2, at 100 GFLOP/s, needs half the bandwidth and did not move).
 template <class T, int MR, int R, int NV>
 static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
                                  int64_t ldc, bool accumulate, const T* pf = NULL, int64_t pfk = 0) {
@@ -205,17 +211,21 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
     }
   int64_t k = 0;
   if (pf != NULL) {
-    const int64_t n = pfk < kc ? pfk : kc;
-    for (; k < n; ++k) {
-      for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + k * NR) + l);
-      V b[NV];
+    // a row of ``pf`` every ``sp`` steps, over as much of this call as the rows cover
+    const int64_t spread = pfk > 0 ? kc / pfk : 1;
+    const int sp = spread < 1 ? 1 : (spread > AOTC_MM_PF_SPREAD ? AOTC_MM_PF_SPREAD : (int)spread);
+    for (int64_t r = 0; r < pfk && k < kc; ++r) {
+      for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + r * NR) + l);
+      for (int q = 0; q < sp && k < kc; ++q, ++k) {
+        V b[NV];
 #pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) memcpy(&b[j], bp + k * NR + j * L, sizeof(V));
+        for (int j = 0; j < NV; ++j) memcpy(&b[j], bp + k * NR + j * L, sizeof(V));
 #pragma GCC unroll 16
-      for (int i = 0; i < R; ++i) {
-        const V a = aotc_vset1(ap[k * MR + i]);
+        for (int i = 0; i < R; ++i) {
+          const V a = aotc_vset1(ap[k * MR + i]);
 #pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
+          for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
+        }
       }
     }
   }
@@ -436,9 +446,33 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
                                   aotc_mm_min(K - k0, KC), sam, sak);
       });
     }
+    // Task t is (batch, column block, row block), row blocks innermost, when a column block of B fits in
+    // L2: the tasks that read one block of B run next to each other (on 2 threads, at the same time), so B
+    // streams from memory about once, not once per row block (GPT-2 at 4 x 128 tokens has three blocks of
+    // 176 rows). A larger block (2048^3: 4 MiB) would not be there for the next task: row blocks outermost.
+    const bool m_inner = (double)NB * (double)K * sizeof(T) <= AOTC_MM_A_L2;
+    auto coords = [&](int64_t t, int64_t* bi, int64_t* mi, int64_t* ni) {
+      *bi = t / (mblocks * nblocks);
+      *mi = m_inner ? t % mblocks : t / nblocks % mblocks;
+      *ni = m_inner ? t / mblocks % nblocks : t % nblocks;
+    };
+    // The first B slice of task ``t``, or NULL: a task's last panel prefetches the first of the task this
+    // thread likely claims next (t + nthreads), so the stream of a build-time packed B has no cold start
+    // per task; narrow tasks (2 threads, 32-64 columns) made that a cache miss every 2-8 panels.
+    auto first_slice = [&](int64_t t) -> const T* {
+      if constexpr (BSrc::packs) {
+        return NULL;
+      } else {
+        if (t >= tasks) return NULL;
+        int64_t bi, mi, ni, ps = 0;
+        coords(t, &bi, &mi, &ni);
+        return bsrc.template slice<NR>(bi, ni * NB, 0, 0, 0, 0, NULL, &ps);
+      }
+    };
     aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) {
       T* tile = ws_all + (int64_t)slot * per;
-      const int64_t bi = t / (mblocks * nblocks), mi = t / nblocks % mblocks, ni = t % nblocks;
+      int64_t bi, mi, ni;
+      coords(t, &bi, &mi, &ni);
       const int64_t m0 = mi * MB, n0 = ni * NB;
       const int64_t mb = aotc_mm_min(M - m0, MB), nb = aotc_mm_min(N - n0, NB);
       const int64_t mbp = aotc_roundup(mb, MR), nbp = aotc_roundup(nb, NR);
@@ -471,7 +505,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
             const int64_t kc = aotc_mm_min(K - k0, KC);
             const T* bj = b0 + (js / NR) * pstride + k0 * NR;
             const bool last = js + NR >= nbp && k0 + KC >= K;
-            panel(ablk + k0 * mbp, kc, bj, last ? NULL : bj + kc * NR, js, k0 > 0);
+            panel(ablk + k0 * mbp, kc, bj, last ? first_slice(t + nthreads) : bj + kc * NR, js, k0 > 0);
           }
       } else {
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -484,9 +518,20 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
             aotc_mm_pack_a<T, SA, MR>(own_ap, ab, m0, mb, k0, kc, sam, sak);
             ap = own_ap;
           }
+          // The next K slice's first panel (or the next task's), prefetched during this slice's last: a
+          // build-time packed B only (a strided one is packed per slice, in the workspace).
+          const T* next_slice = NULL;
+          if constexpr (!BSrc::packs) {
+            if (k0 + KC < K) {
+              int64_t ps = 0;
+              next_slice = bsrc.template slice<NR>(bi, n0, nb, nbp, k0 + KC, 0, bws, &ps);
+            } else {
+              next_slice = first_slice(t + nthreads);
+            }
+          }
           for (int64_t js = 0; js < nbp; js += NR) {
             const T* bj = bp + (js / NR) * pstride;
-            panel(ap, kc, bj, js + NR < nbp ? bj + pstride : NULL, js, k0 > 0);
+            panel(ap, kc, bj, js + NR < nbp ? bj + pstride : next_slice, js, k0 > 0);
           }
         }
       }
