@@ -76,6 +76,9 @@ static_assert(AOTC_POOL_MAX >= 1 && AOTC_POOL_MAX <= 127, "the job word holds a 
 #ifndef AOTC_POOL_EXPLORE_MAX
 #define AOTC_POOL_EXPLORE_MAX 256  // ... and at most, after tries that kept confirming the way chosen
 #endif
+#ifndef AOTC_POOL_RECENT
+#define AOTC_POOL_RECENT 5  // each way's time is the median of its last this many calls (robust to a preempted one)
+#endif
 #ifndef AOTC_POOL_WORKERS_MUST_WIN
 #define AOTC_POOL_WORKERS_MUST_WIN 0.97  // calls with workers are chosen when they take under this x one thread's
 #endif
@@ -168,9 +171,11 @@ struct aotc_pool {
   int64_t backoff_ns = AOTC_POOL_BACKOFF_MIN_NS;  // time on one thread after the next drop
   int64_t settled_ns = 0;  // the last drop, or the last shortening of the backoff
   // The measured choice between workers and one thread, for calls of one shape (``key``): each way's call
-  // time (a moving average; 0: not measured yet), the way preferred, and when to try the other way next.
+  // time (the median of its last calls), the way preferred, and when to try the other way next.
   uint64_t key = 0;
-  double mean_ns[2] = {0, 0};  // [0]: calls that began with workers, [1]: calls on one thread
+  double typical_ns[2] = {0, 0};  // [0]: calls that began with workers, [1]: calls on one thread (0: none yet)
+  double recent_ns[2][AOTC_POOL_RECENT] = {};  // the last calls' times, each way (a ring)
+  int64_t recent_n[2] = {0, 0};  // calls timed each way (a new key starts over)
   bool prefer_solo = false;
   int64_t explore_every = AOTC_POOL_EXPLORE_MIN, since_explore = 0;
   bool adapting = false, exploring = false;  // this call: the policy is on; it tries the way not preferred
@@ -430,7 +435,8 @@ static inline void aotc_pool_set_threads(int32_t n) {
   p.solo_until_ns = 0;
   p.backoff_ns = AOTC_POOL_BACKOFF_MIN_NS;
   p.past_gain_ns = p.past_loss_ns = 0;
-  p.mean_ns[0] = p.mean_ns[1] = 0;
+  p.typical_ns[0] = p.typical_ns[1] = 0;
+  p.recent_n[0] = p.recent_n[1] = 0;
   p.prefer_solo = false;
   p.explore_every = AOTC_POOL_EXPLORE_MIN;
   p.since_explore = 0;
@@ -458,7 +464,8 @@ static inline void aotc_pool_begin_call(uint64_t key = 0) {
   if (!p.adapting) return;
   if (key != p.key) {
     p.key = key;
-    p.mean_ns[0] = p.mean_ns[1] = 0;
+    p.typical_ns[0] = p.typical_ns[1] = 0;
+    p.recent_n[0] = p.recent_n[1] = 0;
     p.prefer_solo = false;
     p.explore_every = AOTC_POOL_EXPLORE_MIN;
     p.since_explore = 0;
@@ -491,8 +498,19 @@ static inline void aotc_pool_begin_call(uint64_t key = 0) {
   p.began_ns = aotc_now_ns();
 }
 
-// End a call. Its time joins its way's average (a call that dropped counts as one with workers: that is
-// what trying them cost). The way preferred switches when the other way's average is lower (workers must
+static inline double aotc_pool_median(const double* ring, int64_t n) {
+  double v[AOTC_POOL_RECENT];
+  const int k = n < AOTC_POOL_RECENT ? (int)n : AOTC_POOL_RECENT;
+  for (int i = 0; i < k; ++i) {  // insertion sort: a handful of values
+    int j = i;
+    for (; j > 0 && v[j - 1] > ring[i]; --j) v[j] = v[j - 1];
+    v[j] = ring[i];
+  }
+  return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
+// End a call. Its time joins its way's median (a call that dropped counts as one with workers: that is
+// what trying them cost). The way preferred switches when the other way's median is lower (workers must
 // win by a margin: they cost CPU that other processes may want); a try of the other way that confirms the
 // choice doubles the calls until the next (up to AOTC_POOL_EXPLORE_MAX), one that changes it resets them.
 // Note (why measure calls): the waits at the ends of loops are not all a busy core costs. With a spinning
@@ -513,11 +531,10 @@ static inline void aotc_pool_end_call() {
     p.past_gain_ns += (double)p.gain_ns;
     p.past_loss_ns += (double)p.loss_ns;
     const int64_t now = aotc_now_ns();
-    double& mine = p.mean_ns[p.solo];
-    const double other = p.mean_ns[1 - p.solo], took = (double)(now - p.began_ns);
-    mine = mine > 0 ? 0.75 * mine + 0.25 * took : took;
-    if (other > 0) {
-      const double workers = p.mean_ns[0], alone = p.mean_ns[1];
+    p.recent_ns[p.solo][p.recent_n[p.solo]++ % AOTC_POOL_RECENT] = (double)(now - p.began_ns);
+    p.typical_ns[p.solo] = aotc_pool_median(p.recent_ns[p.solo], p.recent_n[p.solo]);
+    if (p.typical_ns[1 - p.solo] > 0) {
+      const double workers = p.typical_ns[0], alone = p.typical_ns[1];
       const bool solo_wins = workers >= AOTC_POOL_WORKERS_MUST_WIN * alone;
       if (solo_wins != p.prefer_solo) {
         p.prefer_solo = solo_wins;
@@ -656,7 +673,7 @@ int main() {
   if (with_workers < 1 || with_workers > 12) printf("%d calls of 100 tried the workers\n", with_workers), ++fails;
   if (p.explore_every < 16) printf("tries every %ld calls, expected them to space out\n", (long)p.explore_every), ++fails;
   simulated(2000000, 500000, 8);
-  if (p.prefer_solo || p.mean_ns[1] != 0) printf("a new key kept the old measurements\n"), ++fails;
+  if (p.prefer_solo || p.typical_ns[1] != 0) printf("a new key kept the old measurements\n"), ++fails;
   with_workers = 0;
   for (int i = 0; i < 100; ++i) with_workers += simulated(500000, 2000000, 8);
   if (p.prefer_solo || with_workers < 85) printf("workers, faster, were not chosen (%d calls of 100)\n", with_workers), ++fails;
@@ -708,7 +725,8 @@ int main() {
   }
   p.solo_until_ns = aotc_now_ns();  // as if the backoff had passed
   p.prefer_solo = false;  // (and as if the calls' times had not preferred one thread)
-  p.mean_ns[0] = p.mean_ns[1] = 0;
+  p.typical_ns[0] = p.typical_ns[1] = 0;
+  p.recent_n[0] = p.recent_n[1] = 0;
   const int64_t probes = p.stats.probes;
   {
     aotc_pool_call call;
