@@ -129,7 +129,7 @@ def bench(key: str, pkg_dir: Path, target: str, calls: int, rounds: int, neighbo
     if neighbour:
         torch.manual_seed(0)
         fns["ort"] = before = _ort(make().eval(), xt, Path(tempfile.mkdtemp(prefix="contention_")), os.cpu_count() or 1)
-    row: dict = {"model": key, "title": title, "max_abs_diff_between_variants": err}
+    row: dict = {"model": key, "title": title, "max_abs_diff_between_variants": err, "loadavg_1min": os.getloadavg()[0]}
     row["idle"] = _rounds(fns, models, calls, rounds, before)
     busy = {k: v for k, v in fns.items() if k in BUSY or k.startswith("base_")}
     with busy_core():
