@@ -233,8 +233,10 @@ class CpuExecutor:
     """One loaded CPU library with its weights; ``run`` is thread-safe (calls are serialised).
 
     ``num_threads``: at most this many threads per call (None or 0: every core the process may use, or
-    OMP_NUM_THREADS). The library drops to fewer while the extra threads do not get a core (another
-    process holds it) and tries them again now and then; ``fixed_threads`` turns that off (benchmarks).
+    OMP_NUM_THREADS). The library runs a call on one thread while the extra threads do not get a core
+    (another process holds it) or while its calls measure faster on one thread, and tries the other way now
+    and then (cpp_templates/aotc_pool.h); ``fixed_threads`` turns that off (benchmarks). ``pool_stats``
+    shows what it did.
     """
 
     device = "cpu"
