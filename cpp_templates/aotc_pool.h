@@ -533,6 +533,10 @@ static inline void aotc_pool_end_call() {
     p.past_gain_ns += (double)p.gain_ns;
     p.past_loss_ns += (double)p.loss_ns;
     const int64_t now = aotc_now_ns();
+    // A try of the way not preferred stands for it alone: its older calls are from before the switch, and
+    // conditions have changed since (ONNX Runtime's threads spinning for three calls must not keep the
+    // workers off for the next dozens).
+    if (p.exploring) p.recent_n[p.solo] = 0;
     p.recent_ns[p.solo][p.recent_n[p.solo]++ % AOTC_POOL_RECENT] = (double)(now - p.began_ns);
     p.typical_ns[p.solo] = aotc_pool_median(p.recent_ns[p.solo], p.recent_n[p.solo]);
     if (p.typical_ns[1 - p.solo] > 0) {
@@ -681,6 +685,18 @@ int main() {
   for (int i = 0; i < 100; ++i) with_workers += simulated(500000, 6000000, 8);
   if (p.prefer_solo || with_workers < 75)
     printf("workers, faster, were not chosen (%d calls of 100)\n", with_workers), ++fails;
+  // A passing slowdown of the workers (three calls) moves the calls to one thread; the next try of the
+  // workers, fast again, moves them back at once (older samples do not outvote it).
+  aotc_pool_set_threads(3);
+  aotc_pool_set_threads(2);
+  for (int i = 0; i < 20; ++i) simulated(500000, 6000000, 9);
+  for (int i = 0; i < 3; ++i) simulated(12000000, 6000000, 9);
+  int back_after = 0;
+  while (back_after < 4 * AOTC_POOL_EXPLORE_MIN && (back_after == 0 || p.prefer_solo)) {
+    simulated(500000, 6000000, 9);
+    ++back_after;
+  }
+  if (back_after > AOTC_POOL_EXPLORE_MIN + 2) printf("workers came back after %d calls\n", back_after), ++fails;
   // The policy. A worker descheduled inside its chunks is simulated: it sleeps 60 ms in each. The caller's
   // chunks nap until the worker holds one (the worker is woken after the first), then finish at once: the
   // caller runs out of chunks and waits ~60 ms for the worker's.
