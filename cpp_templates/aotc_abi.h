@@ -25,8 +25,14 @@ int32_t aotc_abi_version(void);
 int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* outputs,
                  const void* const* weights, void* arena, char* err, size_t errlen);
 
-// Number of OpenMP threads used by later aotc_run calls (<= 0: OpenMP's default).
+// Threads for later aotc_run calls: n > 0 at most n (fewer while they do not get a core), 0 the default
+// (every core), n < 0 exactly -n.
 void aotc_set_num_threads(int32_t n);
+
+// Optional (older libraries lack it; the runtime then reports none): the thread pool's counters since the
+// library loaded, for benchmarks and tests. Writes up to n of them into out and returns how many there are
+// (their order: struct aotc_pool_stats in aotc_pool.h, names in runtime/cpu.py's POOL_STATS).
+int32_t aotc_pool_stats_get(int64_t* out, int32_t n);
 
 #ifdef __cplusplus
 }

@@ -9,13 +9,19 @@
 // chunks are claimed one at a time from a shared counter, and a loop is over when its chunks are done,
 // not when every thread has arrived: a worker that wakes late finds nothing left and nobody waits for it.
 // What remains is a worker descheduled in the middle of a chunk. The caller measures that wait (the time
-// between running out of chunks and the last chunk's end) against what the workers contributed, and
-// when the wait costs more than the help it runs the rest of the call, and a growing number of calls
-// after it, on its own thread (then it probes again).
+// between running out of chunks and the last chunk's end) against what the workers contributed; when the
+// losses, with the earlier calls' (fading with time), pass the gains by more than a tolerance it runs the
+// rest of the call, and the calls of a growing stretch of time after it, on its own thread (then it probes
+// again). Beyond that, calls choose between workers and one thread by their measured times (the median of
+// each way's last calls, per shape), trying the way not chosen now and then (aotc_pool_end_call says why).
+// Note (why not drop at the first stall, as before): a drop costs the rest of the call and the calls after
+// it their workers (MobileNetV2: 12 ms a call instead of 8), so one stall -- a neighbour's burst, or another
+// runtime in the process (ONNX Runtime's threads spin ~20 ms after each of its calls) -- must not cause one.
 //
 // Workers spin for AOTC_POOL_SPIN_NS after a loop (kernels follow each other within microseconds), then
-// sleep on a futex; the caller wakes only the ones a loop uses. Nothing is allocated per call. One pool
-// per library (each loaded package has its own), created at the first parallel loop, joined at unload.
+// sleep on a futex; the caller wakes only the ones a loop uses, and not for a loop that was short the last
+// time. Nothing is allocated per call. One pool per library (each loaded package has its own), created at
+// the first parallel loop, joined at unload. aotc_pool_stats_get reads the counters (CpuExecutor.pool_stats).
 #ifndef AOTC_POOL_H
 #define AOTC_POOL_H
 
@@ -29,6 +35,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <exception>
 #include <memory>
 #include <type_traits>
@@ -55,8 +62,38 @@ static_assert(AOTC_POOL_MAX >= 1 && AOTC_POOL_MAX <= 127, "the job word holds a 
 #ifndef AOTC_POOL_SLACK_NS
 #define AOTC_POOL_SLACK_NS 50000  // a wait up to this long (beyond one chunk) is noise, not a stall
 #endif
-#ifndef AOTC_POOL_BACKOFF_MAX
-#define AOTC_POOL_BACKOFF_MAX 256  // calls on one thread, at most, before the next probe
+#ifndef AOTC_POOL_WAKE_MIN_NS
+// A loop that took less than this on one thread (estimated) the last time the call reached it wakes no
+// sleeping worker: a woken worker arrives 10-50 us later, to find little or nothing left, and the wake
+// costs the caller a system call. Workers still spinning join any loop.
+#define AOTC_POOL_WAKE_MIN_NS 40000
+#endif
+#ifndef AOTC_POOL_SITES
+#define AOTC_POOL_SITES 1024  // loops per call whose length is remembered (by their order in the call)
+#endif
+#ifndef AOTC_POOL_EXPLORE_MIN
+#define AOTC_POOL_EXPLORE_MIN 8  // calls between tries of the other way (workers or one thread), at first
+#endif
+#ifndef AOTC_POOL_EXPLORE_MAX
+#define AOTC_POOL_EXPLORE_MAX 256  // ... and at most, after tries that kept confirming the way chosen
+#endif
+#ifndef AOTC_POOL_RECENT
+#define AOTC_POOL_RECENT 5  // each way's time is the median of its last this many calls (robust to a preempted one)
+#endif
+#ifndef AOTC_POOL_WORKERS_MUST_WIN
+#define AOTC_POOL_WORKERS_MUST_WIN 0.97  // calls with workers are chosen when they take under this x one thread's
+#endif
+#ifndef AOTC_POOL_MEMORY_NS
+#define AOTC_POOL_MEMORY_NS 50000000  // the policy's gains and losses fade by half in this much time
+#endif
+#ifndef AOTC_POOL_TOLERANCE_NS
+#define AOTC_POOL_TOLERANCE_NS 1000000  // losses up to this much above the gains (remembered, faded) are noise
+#endif
+#ifndef AOTC_POOL_BACKOFF_MIN_NS
+#define AOTC_POOL_BACKOFF_MIN_NS 5000000  // the first time on one thread after a drop
+#endif
+#ifndef AOTC_POOL_BACKOFF_MAX_NS
+#define AOTC_POOL_BACKOFF_MAX_NS 1000000000  // the longest time on one thread before the next probe
 #endif
 #ifndef AOTC_CHUNK_WORK
 #define AOTC_CHUNK_WORK 8192  // elements: a chunk at least this big pays for its claim (an atomic CAS)
@@ -107,8 +144,9 @@ struct aotc_worker {
   pthread_t thread;
 };
 
-struct aotc_pool_stats {  // for tests and benchmarks: what the policy saw
-  int64_t loops = 0, stalls = 0, solo_calls = 0, probes = 0;
+struct aotc_pool_stats {  // for tests and benchmarks: what the policy saw (aotc_pool_stats_get)
+  int64_t calls = 0, loops = 0, stalls = 0, drops = 0, solo_calls = 0, probes = 0, wakes = 0;
+  int64_t wait_ns = 0, loss_ns = 0, gain_ns = 0, worker_chunks = 0, chunks = 0, serial = 0, explores = 0;
 };
 
 struct aotc_pool {
@@ -126,10 +164,26 @@ struct aotc_pool {
   int want = 0;          // threads asked for; 0: the default
   bool fixed = false;    // exactly ``want`` threads, no adaptation
   int width = 0;         // threads this call may use (0: not inside a call)
-  int64_t solo_left = 0; // calls still to run on one thread
-  int64_t backoff = 2;   // calls to run on one thread after the next stall
-  int64_t clean = 0;     // calls in a row that ran with workers and did not drop
+  bool dropped = false;  // this call fell back to one thread
   int64_t gain_ns = 0, loss_ns = 0;  // this call: time the workers saved, time spent waiting for them
+  double past_gain_ns = 0, past_loss_ns = 0;  // earlier calls' gains and losses, fading (AOTC_POOL_MEMORY_NS)
+  int64_t last_call_ns = 0;  // when the last call began (the fading's clock)
+  int64_t solo_until_ns = 0;  // calls that begin before this run on one thread
+  int64_t backoff_ns = AOTC_POOL_BACKOFF_MIN_NS;  // time on one thread after the next drop
+  int64_t settled_ns = 0;  // the last drop, or the last shortening of the backoff
+  // The measured choice between workers and one thread, for calls of one shape (``key``): each way's call
+  // time (the median of its last calls), the way preferred, and when to try the other way next.
+  uint64_t key = 0;
+  double typical_ns[2] = {0, 0};  // [0]: calls that began with workers, [1]: calls on one thread (0: none yet)
+  double recent_ns[2][AOTC_POOL_RECENT] = {};  // the last calls' times, each way (a ring)
+  int64_t recent_n[2] = {0, 0};  // calls timed each way (a new key starts over)
+  bool prefer_solo = false;
+  int64_t explore_every = AOTC_POOL_EXPLORE_MIN, since_explore = 0;
+  bool adapting = false, exploring = false;  // this call: the policy is on; it tries the way not preferred
+  int solo = 0;  // this call began on one thread
+  int64_t began_ns = 0;
+  int site = 0;  // the loops this call has started (a loop's site: its order in the call)
+  bool short_site[AOTC_POOL_SITES] = {};  // the loop at this site was short the last time (AOTC_POOL_WAKE_MIN_NS)
   int64_t test_worker_delay_ns = 0;  // tests: workers sleep this long inside every chunk they run
   aotc_pool_stats stats;
 
@@ -235,16 +289,43 @@ static inline int aotc_pool_grow(aotc_pool& p, int n) {
 }
 
 // The policy's view of one loop: the workers saved about (their chunks x the caller's time per chunk);
-// the caller lost the time it waited beyond one chunk. A call whose losses pass its gains runs the rest
-// of itself on one thread.
-static inline void aotc_pool_account(aotc_pool& p, int64_t chunks, int64_t mine, int64_t busy_ns, int64_t wait_ns) {
+// the caller lost the time it waited beyond one chunk. A call whose losses, with the earlier calls' (faded),
+// pass the gains by more than AOTC_POOL_TOLERANCE_NS runs the rest of itself on one thread.
+static inline bool aotc_pool_losing(const aotc_pool& p) {
+  return p.past_loss_ns + (double)p.loss_ns > p.past_gain_ns + (double)p.gain_ns + AOTC_POOL_TOLERANCE_NS;
+}
+
+static inline void aotc_pool_account(aotc_pool& p, int64_t chunks, int64_t mine, int threads, int64_t busy_ns,
+                                     int64_t wait_ns) {
   const int64_t per = mine > 0 ? busy_ns / mine : 0;
-  p.gain_ns += (chunks - mine) * per;
+  // At most the loop's length per worker: a caller descheduled inside its one chunk would claim more.
+  const int64_t cap = (int64_t)(threads - 1) * busy_ns, by_chunks = (chunks - mine) * per;
+  const int64_t gain = by_chunks < cap ? by_chunks : cap;
+  p.gain_ns += gain;
+  p.stats.gain_ns += gain;
+  p.stats.wait_ns += wait_ns;
+  p.stats.chunks += chunks;
+  p.stats.worker_chunks += chunks - mine;
   const int64_t lost = wait_ns - per - AOTC_POOL_SLACK_NS;
   if (lost <= 0) return;
   p.loss_ns += lost;
+  p.stats.loss_ns += lost;
   p.stats.stalls += 1;
-  if (!p.fixed && p.width > 1 && p.loss_ns > p.gain_ns) p.width = 1;  // inside a call only
+  if (!p.fixed && p.width > 1 && aotc_pool_losing(p)) {  // inside a call only
+    p.width = 1;
+    p.dropped = true;
+    p.stats.drops += 1;
+  }
+}
+
+// Wake the workers of a loop ``threads`` wide that sleep (the ones still spinning have seen the loop).
+static inline void aotc_pool_wake(aotc_pool& p, int threads) {
+  for (int i = 1; i < threads; ++i)
+    if (p.workers[i].sleeping.load()) {
+      p.workers[i].wake.fetch_add(1);
+      aotc_futex_wake(&p.workers[i].wake, 1);
+      p.stats.wakes += 1;
+    }
 }
 
 template <class F>
@@ -265,6 +346,7 @@ static inline int aotc_pool_threads() {
 template <class F>
 static void aotc_pool_run(int64_t chunks, int threads, F&& f) {
   aotc_pool& p = aotc_the_pool();
+  const int site = !aotc_pool_inside && p.width > 0 && p.site < AOTC_POOL_SITES ? p.site++ : -1;
   const int most = aotc_pool_threads();
   threads = threads < most ? threads : most;
   if (threads > chunks) threads = (int)chunks;
@@ -275,6 +357,7 @@ static void aotc_pool_run(int64_t chunks, int threads, F&& f) {
       inside() { aotc_pool_inside = true; }
       ~inside() { aotc_pool_inside = was; }
     } mark;
+    if (!mark.was) p.stats.serial += 1;
     for (int64_t c = 0; c < chunks; ++c) f(c, 0);
     return;
   }
@@ -285,18 +368,15 @@ static void aotc_pool_run(int64_t chunks, int threads, F&& f) {
   p.failed.store(0, std::memory_order_relaxed);
   const uint32_t gen = (aotc_job_gen(p.job.load()) + 1) & ((1u << AOTC_POOL_NBITS) - 1);
   p.job.store(aotc_job_pack(gen, (uint64_t)threads, (uint64_t)chunks, 0));  // seq_cst: before the reads below
-  for (int i = 1; i < threads; ++i)
-    if (p.workers[i].sleeping.load()) {
-      p.workers[i].wake.fetch_add(1);
-      aotc_futex_wake(&p.workers[i].wake, 1);
-    }
   p.stats.loops += 1;
   aotc_pool_inside = true;
-  const int64_t t0 = aotc_now_ns();
+  if (site < 0 || !p.short_site[site]) aotc_pool_wake(p, threads);
+  const int64_t t0 = aotc_now_ns();  // after the wake-up calls: a loop's length is its own
   int64_t mine = 0;
   int64_t n = 0;
   for (int64_t c; (c = aotc_pool_claim(p, gen, &n)) >= 0; ++mine) aotc_pool_chunk(p, c, chunks, 0);
   const int64_t t1 = aotc_now_ns();
+  if (site >= 0) p.short_site[site] = (t1 - t0) * (mine < chunks ? threads : 1) < AOTC_POOL_WAKE_MIN_NS;
   for (int64_t i = 1; p.done.load() < (uint32_t)chunks; ++i) {
     if (i % 64 == 0 && aotc_now_ns() - t1 > AOTC_POOL_WAIT_SPIN_NS) {
       p.caller_sleeping.store(1);
@@ -307,7 +387,7 @@ static void aotc_pool_run(int64_t chunks, int threads, F&& f) {
     aotc_cpu_relax();
   }
   aotc_pool_inside = false;
-  aotc_pool_account(p, chunks, mine, t1 - t0, aotc_now_ns() - t1);
+  aotc_pool_account(p, chunks, mine, threads, t1 - t0, aotc_now_ns() - t1);
   if (p.failed.load()) std::rethrow_exception(p.error);
 }
 
@@ -353,46 +433,150 @@ static inline void aotc_pool_set_threads(int32_t n) {
   if (fixed == p.fixed && want == p.want) return;  // the runtime sets it before every call: only a change counts
   p.fixed = fixed;
   p.want = want;
-  p.solo_left = 0;  // a new setting is tried from the next call on, whatever the policy had learnt
-  p.backoff = 2;
-  p.clean = 0;
+  // A new setting is tried from the next call on, whatever the policy had learnt.
+  p.solo_until_ns = 0;
+  p.backoff_ns = AOTC_POOL_BACKOFF_MIN_NS;
+  p.past_gain_ns = p.past_loss_ns = 0;
+  p.typical_ns[0] = p.typical_ns[1] = 0;
+  p.recent_n[0] = p.recent_n[1] = 0;
+  p.prefer_solo = false;
+  p.explore_every = AOTC_POOL_EXPLORE_MIN;
+  p.since_explore = 0;
 }
 
-// Start a call: its width is the setting, or one thread while the policy holds calls solo.
-static inline void aotc_pool_begin_call() {
+// The key of a call's shapes: its dynamic sizes, hashed (FNV-1a). Calls of other sizes take other times,
+// so the policy compares calls of one key (a new key starts its measurements over).
+static inline uint64_t aotc_pool_key(const int64_t* syms, int n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < n; ++i) h = (h ^ (uint64_t)syms[i]) * 1099511628211ull;
+  return h;
+}
+
+// Start a call: its width is the setting, or one thread while the policy holds calls solo (after a drop)
+// or has measured that one thread is faster; every ``explore_every`` calls it tries the other way. What
+// earlier calls gained and lost fades with the time since the last call.
+static inline void aotc_pool_begin_call(uint64_t key = 0) {
   aotc_pool& p = aotc_the_pool();
   p.width = p.want > 0 ? p.want : aotc_default_threads();
   p.gain_ns = p.loss_ns = 0;
-  if (p.fixed || p.width <= 1) return;
-  if (p.solo_left > 0) {
-    p.solo_left -= 1;
+  p.dropped = p.exploring = false;
+  p.site = 0;
+  p.stats.calls += 1;
+  p.adapting = !p.fixed && p.width > 1;
+  if (!p.adapting) return;
+  if (key != p.key) {
+    p.key = key;
+    p.typical_ns[0] = p.typical_ns[1] = 0;
+    p.recent_n[0] = p.recent_n[1] = 0;
+    p.prefer_solo = false;
+    p.explore_every = AOTC_POOL_EXPLORE_MIN;
+    p.since_explore = 0;
+  }
+  const int64_t now = aotc_now_ns();
+  if (p.last_call_ns > 0 && now > p.last_call_ns) {
+    const double fade = exp2(-(double)(now - p.last_call_ns) / AOTC_POOL_MEMORY_NS);
+    p.past_gain_ns *= fade;
+    p.past_loss_ns *= fade;
+  }
+  p.last_call_ns = now;
+  bool solo = p.prefer_solo;
+  if (now < p.solo_until_ns) {
+    solo = true;
+  } else {
+    if (p.solo_until_ns > 0) p.stats.probes += 1;  // this call tries the workers again
+    p.solo_until_ns = 0;
+    if (++p.since_explore >= p.explore_every) {
+      p.exploring = true;
+      p.since_explore = 0;
+      p.stats.explores += 1;
+      solo = !solo;
+    }
+  }
+  p.solo = solo;
+  if (solo) {
     p.stats.solo_calls += 1;
     p.width = 1;
-    if (p.solo_left == 0) p.stats.probes += 1;  // the next call tries the workers again
   }
+  p.began_ns = aotc_now_ns();
 }
 
-// End a call. One that had to drop to one thread holds the next ``backoff`` calls on one thread and
-// doubles the backoff (up to AOTC_POOL_BACKOFF_MAX); ``backoff`` clean calls with workers in a row halve
-// it. So a stall in most calls (a core taken for good) keeps the workers asleep nearly always, and a
-// passing load costs a few probes.
+static inline double aotc_pool_median(const double* ring, int64_t n) {
+  double v[AOTC_POOL_RECENT];
+  const int k = n < AOTC_POOL_RECENT ? (int)n : AOTC_POOL_RECENT;
+  for (int i = 0; i < k; ++i) {  // insertion sort: a handful of values
+    int j = i;
+    for (; j > 0 && v[j - 1] > ring[i]; --j) v[j] = v[j - 1];
+    v[j] = ring[i];
+  }
+  return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+}
+
+// End a call. Its time joins its way's median (a call that dropped counts as one with workers: that is
+// what trying them cost). The way preferred switches when the other way's median is lower (workers must
+// win by a margin: they cost CPU that other processes may want); a try of the other way that confirms the
+// choice doubles the calls until the next (up to AOTC_POOL_EXPLORE_MAX), one that changes it resets them.
+// Note (why measure calls): the waits at the ends of loops are not all a busy core costs. With a spinning
+// process on one of 2 cores, MobileNetV2's worker ran 20% of the chunks and waited little, yet calls took
+// 7.9 ms against 6.5 on one thread (the worker and the caller shared a core, and each wake-up preempted
+// the caller); only the calls' times show that.
+//
+// A call that had to drop to one thread holds the calls of the next ``backoff_ns`` on one thread and
+// doubles the backoff (up to AOTC_POOL_BACKOFF_MAX_NS); calls with workers and no drop for as long as the
+// backoff halve it. So a core taken for good keeps the workers asleep nearly always, a passing load (a
+// neighbour's burst, another runtime's threads spinning after their call) costs a few short probes, and
+// a lone stall after many good calls costs nothing but itself: the faded gains outweigh it. Note: time, not
+// calls, sets the backoff: in calls, a tiny model (50 us a call) probed every few milliseconds, and each
+// probe could cost a whole time slice of the busy core.
 static inline void aotc_pool_end_call() {
   aotc_pool& p = aotc_the_pool();
-  if (!p.fixed && p.width == 1 && p.loss_ns > 0) {
-    p.solo_left = p.backoff;
-    p.backoff = p.backoff * 2 < AOTC_POOL_BACKOFF_MAX ? p.backoff * 2 : AOTC_POOL_BACKOFF_MAX;
-    p.clean = 0;
-  } else if (p.width > 1 && ++p.clean >= p.backoff) {
-    p.backoff = p.backoff / 2 > 2 ? p.backoff / 2 : 2;
-    p.clean = 0;
+  if (p.adapting) {
+    p.past_gain_ns += (double)p.gain_ns;
+    p.past_loss_ns += (double)p.loss_ns;
+    const int64_t now = aotc_now_ns();
+    // A try of the way not preferred stands for it alone: its older calls are from before the switch, and
+    // conditions have changed since (ONNX Runtime's threads spinning for three calls must not keep the
+    // workers off for the next dozens).
+    if (p.exploring) p.recent_n[p.solo] = 0;
+    p.recent_ns[p.solo][p.recent_n[p.solo]++ % AOTC_POOL_RECENT] = (double)(now - p.began_ns);
+    p.typical_ns[p.solo] = aotc_pool_median(p.recent_ns[p.solo], p.recent_n[p.solo]);
+    if (p.typical_ns[1 - p.solo] > 0) {
+      const double workers = p.typical_ns[0], alone = p.typical_ns[1];
+      const bool solo_wins = workers >= AOTC_POOL_WORKERS_MUST_WIN * alone;
+      if (solo_wins != p.prefer_solo) {
+        p.prefer_solo = solo_wins;
+        p.explore_every = AOTC_POOL_EXPLORE_MIN;
+      } else if (p.exploring) {
+        p.explore_every = p.explore_every < AOTC_POOL_EXPLORE_MAX / 2 ? 2 * p.explore_every : AOTC_POOL_EXPLORE_MAX;
+      }
+    }
+    if (p.dropped) {
+      p.solo_until_ns = now + p.backoff_ns;
+      p.backoff_ns = p.backoff_ns < AOTC_POOL_BACKOFF_MAX_NS / 2 ? p.backoff_ns * 2 : AOTC_POOL_BACKOFF_MAX_NS;
+      p.settled_ns = now;
+    } else if (p.width > 1 && now - p.settled_ns >= p.backoff_ns) {
+      p.backoff_ns = p.backoff_ns / 2 > AOTC_POOL_BACKOFF_MIN_NS ? p.backoff_ns / 2 : AOTC_POOL_BACKOFF_MIN_NS;
+      p.settled_ns = now;
+    }
   }
   p.width = 0;
+  p.adapting = false;
 }
 
 struct aotc_pool_call {  // RAII: aotc_run's body is one call, also when a kernel throws
-  aotc_pool_call() { aotc_pool_begin_call(); }
+  explicit aotc_pool_call(uint64_t key = 0) { aotc_pool_begin_call(key); }
   ~aotc_pool_call() { aotc_pool_end_call(); }
 };
+
+// The pool's counters since the library loaded, for benchmarks and tests: writes up to ``n`` of them (in the
+// order of aotc_pool_stats) and returns how many it has.
+extern "C" __attribute__((visibility("default"), weak)) int32_t aotc_pool_stats_get(int64_t* out, int32_t n) {
+  const aotc_pool_stats& s = aotc_the_pool().stats;
+  const int64_t all[] = {s.calls, s.loops, s.stalls, s.drops, s.solo_calls, s.probes, s.wakes,
+                         s.wait_ns, s.loss_ns, s.gain_ns, s.worker_chunks, s.chunks, s.serial, s.explores};
+  const int32_t have = (int32_t)(sizeof all / sizeof all[0]);
+  for (int32_t i = 0; i < n && i < have; ++i) out[i] = all[i];
+  return have;
+}
 
 #ifdef AOTC_SELFTEST_POOL
 #include <stdio.h>
@@ -460,57 +644,156 @@ int main() {
     });
     for (int v : seen) fails += v != 1;
   }
-  // The policy: a worker descheduled inside its chunks (simulated: it sleeps 60 ms in each) costs the
-  // call one wait; the rest of the call and the next ``backoff`` calls run on the caller alone; then a
-  // probe call uses the workers again.
+  // Inside calls, a loop that was short the last time the call reached it wakes no sleeping worker; a long
+  // one does. (A few wakes are allowed: a caller descheduled inside the short loop makes it look long.)
   aotc_pool_set_threads(2);
+  p.explore_every = INT64_MAX;  // (no tries of one thread in these calls)
+  auto calls_of = [&](long chunk_nap) {
+    const int64_t wakes = p.stats.wakes;
+    for (int i = 0; i < 20; ++i) {
+      aotc_nap(1000000);  // the worker's spin ends: it sleeps
+      aotc_pool_call call;
+      aotc_pool_check_once(64, 2, fails, chunk_nap);
+    }
+    return p.stats.wakes - wakes;
+  };
+  calls_of(0);
+  const int64_t short_wakes = calls_of(0), long_wakes = (calls_of(100000), calls_of(100000));
+  if (short_wakes > 3) printf("%ld wakes in 20 calls of a short loop\n", (long)short_wakes), ++fails;
+  if (long_wakes < 17) printf("%ld wakes in 20 calls of a long loop\n", (long)long_wakes), ++fails;
+  // The measured choice: calls that take 6 ms with workers and 0.5 ms on one thread (simulated: the call
+  // naps by its width) go to one thread after a try of it, and stay there but for tries of the workers, which
+  // come at doubling intervals; and the other way round. (Bounds are loose: a loaded machine delays naps.)
+  // A new shape (key) starts over.
+  auto simulated = [&](long workers_ns, long alone_ns, uint64_t key) {
+    aotc_pool_call call(key);
+    aotc_nap(aotc_pool_threads() > 1 ? workers_ns : alone_ns);
+    return aotc_pool_threads() > 1;
+  };
+  aotc_pool_set_threads(3);
+  aotc_pool_set_threads(2);
+  int with_workers = 0;
+  for (int i = 0; i < 8 * AOTC_POOL_EXPLORE_MIN && !p.prefer_solo; ++i) simulated(6000000, 500000, 7);
+  if (!p.prefer_solo) printf("one thread, faster, was not chosen\n"), ++fails;
+  for (int i = 0; i < 100; ++i) with_workers += simulated(6000000, 500000, 7);
+  if (with_workers < 1 || with_workers > 25) printf("%d calls of 100 tried the workers\n", with_workers), ++fails;
+  if (p.explore_every < 16)
+    printf("tries every %ld calls, expected them to space out\n", (long)p.explore_every), ++fails;
+  simulated(6000000, 500000, 8);
+  if (p.prefer_solo || p.typical_ns[1] != 0) printf("a new key kept the old measurements\n"), ++fails;
+  with_workers = 0;
+  for (int i = 0; i < 100; ++i) with_workers += simulated(500000, 6000000, 8);
+  if (p.prefer_solo || with_workers < 75)
+    printf("workers, faster, were not chosen (%d calls of 100)\n", with_workers), ++fails;
+  // A passing slowdown of the workers (three calls) moves the calls to one thread; the next try of the
+  // workers, fast again, moves them back at once (older samples do not outvote it).
+  aotc_pool_set_threads(3);
+  aotc_pool_set_threads(2);
+  for (int i = 0; i < 20; ++i) simulated(500000, 6000000, 9);
+  for (int i = 0; i < 3; ++i) simulated(12000000, 6000000, 9);
+  int back_after = 0;
+  while (back_after < 4 * AOTC_POOL_EXPLORE_MIN && (back_after == 0 || p.prefer_solo)) {
+    simulated(500000, 6000000, 9);
+    ++back_after;
+  }
+  if (back_after > AOTC_POOL_EXPLORE_MIN + 2) printf("workers came back after %d calls\n", back_after), ++fails;
+  // The policy. A worker descheduled inside its chunks is simulated: it sleeps 60 ms in each. The caller's
+  // chunks nap until the worker holds one (the worker is woken after the first), then finish at once: the
+  // caller runs out of chunks and waits ~60 ms for the worker's.
+  auto stall = [&]() {
+    std::atomic<bool> worker_in{false};
+    for (bool& s : p.short_site) s = false;  // the loop wakes the worker
+    const int64_t give_up = aotc_now_ns() + 1000000000;
+    aotc_pool_run(2000, 2, [&](int64_t, int slot) {
+      if (slot) worker_in.store(true);
+      while (!slot && !worker_in.load() && aotc_now_ns() < give_up) aotc_nap(300000);
+    });
+    if (!worker_in.load()) printf("the worker never started (a very busy machine?)\n"), ++fails;
+  };
+  // With gains of 0.5 s remembered (many good calls just before), one stall costs the call nothing more.
+  aotc_pool_set_threads(3);
+  aotc_pool_set_threads(2);
+  p.explore_every = INT64_MAX;  // (no tries of one thread in these calls)
   p.test_worker_delay_ns = 60000000;
-  const int64_t backoff = p.backoff;
+  {
+    aotc_pool_call call;
+    p.past_gain_ns = 5e8;
+    const int64_t stalls = p.stats.stalls;
+    stall();
+    if (p.stats.stalls == stalls) printf("no stall (the simulation failed)\n"), ++fails;
+    if (aotc_pool_threads() != 2 || p.dropped) printf("a lone stall after good calls dropped the call\n"), ++fails;
+  }
+  // With nothing remembered it costs the call one wait: the rest of it, and the calls of the next
+  // backoff_ns, run on the caller alone; then a probe call uses the workers again, and the backoff doubles.
+  aotc_pool_set_threads(3);  // a new setting forgets the gains
+  aotc_pool_set_threads(2);
+  if (p.past_gain_ns != 0 || p.past_loss_ns != 0) printf("a new setting kept the gains\n"), ++fails;
+  p.explore_every = INT64_MAX;
+  p.backoff_ns = 300000000;  // long enough that the solo call below surely begins within it
+  const int64_t drops = p.stats.drops;
   int64_t worker_chunks_after_drop = 0;
   {
     aotc_pool_call call;
-    // The caller's chunks wait until the worker holds one, then finish at once: the caller runs out of
-    // chunks and waits ~60 ms for the worker's.
-    std::atomic<bool> worker_in{false};
-    aotc_pool_run(2000, 2, [&](int64_t, int slot) {
-      if (slot) worker_in.store(true);
-      while (!slot && !worker_in.load()) aotc_nap(300000);
-    });
-    if (!worker_in.load()) printf("the worker never started (a very busy machine?)\n"), ++fails;
-    if (aotc_pool_threads() != 1) printf("no drop to one thread after a stall\n"), ++fails;
+    stall();
+    if (aotc_pool_threads() != 1 || p.stats.drops != drops + 1)
+      printf("no drop to one thread after a stall\n"), ++fails;
     for (int i = 0; i < 5; ++i) worker_chunks_after_drop += aotc_pool_check_once(64, 2, fails, 1000);
   }
   fails += worker_chunks_after_drop != 0;
-  for (int64_t i = 0; i < backoff; ++i) {
-    aotc_pool_call call;
-    if (aotc_pool_threads() != 1) printf("call %ld after the stall is not solo\n", (long)i), ++fails;
-  }
+  p.test_worker_delay_ns = 0;
+  if (p.backoff_ns != 600000000) printf("backoff %ld ns, expected 6e8\n", (long)p.backoff_ns), ++fails;
   {
     aotc_pool_call call;
-    if (aotc_pool_threads() != 2) printf("no probe after the backoff\n"), ++fails;
+    if (aotc_pool_threads() != 1) printf("the call after the drop is not solo\n"), ++fails;
   }
-  if (p.backoff != 2 * backoff) printf("backoff %ld, expected %ld\n", (long)p.backoff, (long)(2 * backoff)), ++fails;
+  p.solo_until_ns = aotc_now_ns();  // as if the backoff had passed
+  p.prefer_solo = false;  // (and as if the calls' times had not preferred one thread)
+  p.typical_ns[0] = p.typical_ns[1] = 0;
+  p.recent_n[0] = p.recent_n[1] = 0;
+  const int64_t probes = p.stats.probes;
+  {
+    aotc_pool_call call;
+    if (aotc_pool_threads() != 2 || p.stats.probes != probes + 1) printf("no probe after the backoff\n"), ++fails;
+  }
+  // Calls with workers and no drop, for as long as the backoff, halve it (not below the minimum).
+  p.settled_ns = aotc_now_ns() - p.backoff_ns;
+  {
+    aotc_pool_call call;
+    aotc_pool_check_once(64, 2, fails);
+  }
+  if (p.backoff_ns != 300000000) printf("backoff %ld ns after good calls, expected 3e8\n", (long)p.backoff_ns), ++fails;
+  p.backoff_ns = AOTC_POOL_BACKOFF_MIN_NS;
+  p.settled_ns = 0;
+  { aotc_pool_call call; }
+  if (p.backoff_ns != AOTC_POOL_BACKOFF_MIN_NS) printf("backoff below the minimum\n"), ++fails;
+  // The gains fade: half after AOTC_POOL_MEMORY_NS.
+  p.past_gain_ns = 1e6;
+  p.last_call_ns = aotc_now_ns() - AOTC_POOL_MEMORY_NS;
+  {
+    aotc_pool_call call;
+    if (p.past_gain_ns > 0.51e6 || p.past_gain_ns < 0.3e6)
+      printf("gains %g after a half-life, expected 5e5\n", p.past_gain_ns), ++fails;
+  }
   // A fixed count never drops.
   aotc_pool_set_threads(-2);
+  p.test_worker_delay_ns = 60000000;
   {
     aotc_pool_call call;
-    std::atomic<bool> worker_in{false};
-    aotc_pool_run(2000, 2, [&](int64_t, int slot) {
-      if (slot) worker_in.store(true);
-      while (!slot && !worker_in.load()) aotc_nap(300000);
-    });
-    if (p.stats.stalls < 2) printf("no second stall\n"), ++fails;
+    const int64_t stalls = p.stats.stalls;
+    stall();
+    if (p.stats.stalls == stalls) printf("no second stall\n"), ++fails;
     if (aotc_pool_threads() != 2) printf("a fixed count dropped\n"), ++fails;
   }
   p.test_worker_delay_ns = 0;
   // A new setting drops what the policy learnt; the same one again (the runtime sets it before every call)
   // keeps it.
   aotc_pool_set_threads(2);
-  p.solo_left = 5;
+  p.solo_until_ns = INT64_MAX;
   aotc_pool_set_threads(2);
-  if (p.solo_left != 5) printf("setting the same count reset the policy\n"), ++fails;
+  if (p.solo_until_ns != INT64_MAX) printf("setting the same count reset the policy\n"), ++fails;
   aotc_pool_set_threads(3);
-  if (p.solo_left != 0 || p.backoff != 2) printf("a new count kept the old policy\n"), ++fails;
+  if (p.solo_until_ns != 0 || p.backoff_ns != AOTC_POOL_BACKOFF_MIN_NS)
+    printf("a new count kept the old policy\n"), ++fails;
   if (fails) printf("%d failures\n", fails);
   return fails != 0;
 }

@@ -42,12 +42,18 @@ int32_t aotc_abi_version(void);
 int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* outputs,
                  const void* const* weights, void* arena, char* err, size_t errlen);
 void aotc_set_num_threads(int32_t n);
+int32_t aotc_pool_stats_get(int64_t* out, int32_t n);
 """
 # CDEF parsed ahead of time (cffi's out-of-line ABI mode): parsing it at import would import pycparser,
 # ~60 ms of a cold start. tests/test_ffi_modules.py regenerates the module and checks it matches CDEF.
 from ._cffi_cpu import ffi as _ffi  # noqa: E402
 
 _ERRLEN = 4096
+# aotc_pool_stats_get's counters, in its order (struct aotc_pool_stats in cpp_templates/aotc_pool.h)
+POOL_STATS = (
+    "calls", "loops", "stalls", "drops", "solo_calls", "probes", "wakes",
+    "wait_ns", "loss_ns", "gain_ns", "worker_chunks", "chunks", "serial", "explores",
+)  # fmt: skip
 MAX_THREADS = 1024  # a pool this large is already far past any machine's cores; more only exhausts memory
 _OPENMP_RUNTIMES = (b"libgomp.so.1", b"libomp.so", b"libomp.so.5", b"libiomp5.so")
 
@@ -227,8 +233,10 @@ class CpuExecutor:
     """One loaded CPU library with its weights; ``run`` is thread-safe (calls are serialised).
 
     ``num_threads``: at most this many threads per call (None or 0: every core the process may use, or
-    OMP_NUM_THREADS). The library drops to fewer while the extra threads do not get a core (another
-    process holds it) and tries them again now and then; ``fixed_threads`` turns that off (benchmarks).
+    OMP_NUM_THREADS). The library runs a call on one thread while the extra threads do not get a core
+    (another process holds it) or while its calls measure faster on one thread, and tries the other way now
+    and then (cpp_templates/aotc_pool.h); ``fixed_threads`` turns that off (benchmarks). ``pool_stats``
+    shows what it did.
     """
 
     device = "cpu"
@@ -290,6 +298,20 @@ class CpuExecutor:
         threads = _thread_setting(num_threads, fixed_threads)
         with self._lock:
             self._threads = threads
+
+    def pool_stats(self) -> dict[str, int] | None:
+        """The library's thread-pool counters since it loaded (calls, loops, stalls, solo calls, ...: see
+        ``aotc_pool_stats`` in cpp_templates/aotc_pool.h); None for a library built before they existed."""
+        with self._lock:
+            if not self._close.alive:
+                raise UsageError("this model was closed; load the package again")
+            try:
+                get = self._lib.aotc_pool_stats_get
+            except (AttributeError, _ffi.error):  # cffi: "symbol ... not found in library"
+                return None
+            buf = _ffi.new("int64_t[]", len(POOL_STATS))
+            have = int(get(buf, len(POOL_STATS)))
+            return {name: int(buf[i]) for i, name in enumerate(POOL_STATS[:have])}
 
     # -- the Executor protocol used by aotc.model --
 

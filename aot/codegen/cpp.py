@@ -470,7 +470,7 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
     )
     with w.block(sig):
         w.line("(void)syms; (void)inputs; (void)outputs; (void)weights; (void)arena;")
-        w.line("const aotc_pool_call aotc_call;  // the thread count and the pool's policy, per call")
+        w.line(f"const aotc_pool_call aotc_call(aotc_pool_key(syms, {len(prog.symbols)}));  // threads and their policy, per call")
         with w.block("try"):
             for j, s in enumerate(prog.symbols):
                 w.line(f"const int64_t {s.name} = syms[{j}];")

@@ -53,7 +53,7 @@ AOTC_EXPORT void aotc_set_num_threads(int32_t n) { aotc_pool_set_threads(n); }
 
 AOTC_EXPORT int32_t aotc_run(const int64_t* syms, const void* const* inputs, void* const* outputs, const void* const* weights, void* arena, char* err, size_t errlen) {
   (void)syms; (void)inputs; (void)outputs; (void)weights; (void)arena;
-  const aotc_pool_call aotc_call;  // the thread count and the pool's policy, per call
+  const aotc_pool_call aotc_call(aotc_pool_key(syms, 1));  // threads and their policy, per call
   try {
     const int64_t s0 = syms[0];
     const float* p_x = static_cast<const float*>(inputs[0]);
