@@ -31,10 +31,11 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .container import Container
 from .errors import IncompatiblePackage, UsageError
+
+TYPE_CHECKING = False  # not typing's: this module is on the way to the hashing's start (see aotc.container)
 
 if TYPE_CHECKING:
     from .model import Executor, Model
