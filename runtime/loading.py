@@ -19,8 +19,8 @@ here: 55-90 ms of CPU taken from the hashing on a 2-core machine. When this load
 numpy, it sets OPENBLAS_THREAD_TIMEOUT for that import only (OpenBLAS reads it once, as it loads): the
 workers then sleep at once and wake when numpy first calls BLAS. numpy's BLAS keeps all its threads; a user's
 own OPENBLAS_THREAD_TIMEOUT (or GOTO_THREAD_TIMEOUT) wins, and a numpy imported before ``aotc.load`` is
-left as it is. Measured (MLP, 2 cores, aotc.load before numpy, 11 runs interleaved): see
-benchmarks/results/cold_start_2026-12-03_session9.json.
+left as it is. Measured (MLP, 2 shared cores, aotc.load before numpy, 15 runs interleaved): 164 -> 135 ms
+idle from this alone (benchmarks/results/cold_start_2026-12-03_session9.json has the whole session's).
 """
 
 from __future__ import annotations
