@@ -1,10 +1,14 @@
 """Cold start of a CPU package: new process -> import numpy, aotc -> load -> first output, idle and with one busy core.
 
-    python benchmarks/cold_start.py PKG [--runs 11] [--baseline PYTHON:PKG] [--env KEY=VAL ...] [--out FILE.json]
+    python benchmarks/cold_start.py PKG [--runs 11] [--aotc-first] [--stages] [--baseline PYTHON:PKG]
+                                        [--env KEY=VAL ...] [--out FILE.json]
 
 Each run is a fresh interpreter that times itself from before ``import numpy`` to the first output (the
 figure benchmarks/cpu_side_by_side.py reports as ``import_to_output_s``) and each phase on the way: numpy,
 aotc's import, ``aotc.load`` (hashes, dlopen) and the first call; wall and CPU seconds (all threads).
+``process`` is the parent's wall time from starting the interpreter to its exit (adds Python's own start).
+``--aotc-first`` adds a side that imports aotc and calls ``aotc.load`` before it imports numpy (then the
+load's hashing runs beside numpy's import: the order to write for the shortest start).
 ``--baseline PYTHON:PKG`` also times another runtime (e.g. an older checkout's venv python with a package
 it built), interleaved run by run with this one, so both see the same load. ``--stages`` splits this
 runtime's load into its steps (map and start hashing, imports, manifest, hashes checked, dlopen).
@@ -27,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench_timing import busy_core
@@ -44,6 +49,25 @@ x = np.zeros([d if isinstance(d, int) else 1 for d in m.inputs[0].shape], np.dty
 y = m(x)
 marks.append((time.perf_counter(), time.process_time()))
 names = ("numpy", "import_aotc", "load", "first_call")
+out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])}
+out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
+print(repr(out))
+"""
+
+# --aotc-first: what a script written for a short start does; aotc.load starts hashing before numpy is imported.
+AOTC_FIRST = """
+import sys, time
+marks = [(time.perf_counter(), time.process_time())]
+import aotc
+marks.append((time.perf_counter(), time.process_time()))
+m = aotc.load(sys.argv[1], device="cpu")
+marks.append((time.perf_counter(), time.process_time()))
+import numpy as np
+marks.append((time.perf_counter(), time.process_time()))
+x = np.zeros([d if isinstance(d, int) else 1 for d in m.inputs[0].shape], np.dtype(m.inputs[0].dtype))
+y = m(x)
+marks.append((time.perf_counter(), time.process_time()))
+names = ("import_aotc", "load_incl_numpy", "numpy_after_load", "first_call")
 out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])}
 out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
 print(repr(out))
@@ -84,13 +108,64 @@ y = m(x)
 mark("first_call")
 out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])}
 out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
+t = (time.perf_counter(), time.process_time())
+y = m(x)
+out["second_call"] = [time.perf_counter() - t[0], time.process_time() - t[1]]  # not part of import_to_output
+print(repr(out))
+"""
+
+# --stages with --aotc-first: the same steps in the order of AOTC_FIRST (numpy imported while the hashing runs).
+STAGES_AOTC_FIRST = """
+import sys, time
+marks = [(time.perf_counter(), time.process_time())]
+names = []
+def mark(name):
+    marks.append((time.perf_counter(), time.process_time()))
+    names.append(name)
+import aotc
+mark("import_aotc")
+from aotc.container import Container
+from aotc.loading import HANDOFF_S
+sys.setswitchinterval(HANDOFF_S)  # as aotc.load does while it hashes
+c = Container(sys.argv[1], hash_ahead=True)
+mark("map_and_start_hashing")
+try:
+    from aotc.loading import import_numpy  # as aotc.load imports numpy (an older runtime: plainly)
+except ImportError:
+    import_numpy = lambda: None
+import_numpy()
+import numpy as np
+mark("numpy_while_hashing")
+from aotc.loading import verify_for_load
+from aotc.model import Model
+from aotc.package import Package
+mark("import_schema_package_model")
+pkg = Package(sys.argv[1], None, c)
+mark("manifest")
+from aotc.cpu import CpuExecutor, select_target
+mark("import_cpu")
+verify_for_load(pkg)
+sys.setswitchinterval(0.005)
+mark("hashes_checked")
+m = Model(pkg, CpuExecutor(pkg, select_target(pkg.manifest.cpu_targets)))
+mark("weights_and_dlopen")
+x = np.zeros([d if isinstance(d, int) else 1 for d in m.inputs[0].shape], np.dtype(m.inputs[0].dtype))
+y = m(x)
+mark("first_call")
+out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])}
+out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
+t = (time.perf_counter(), time.process_time())
+y = m(x)
+out["second_call"] = [time.perf_counter() - t[0], time.process_time() - t[1]]  # not part of import_to_output
 print(repr(out))
 """
 
 
 def run_once(python: str, pkg: str, env: dict[str, str] | None = None, child: str = CHILD) -> dict[str, list[float]]:
+    t = time.perf_counter()
     r = subprocess.run([python, "-c", child, pkg], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
-    return ast.literal_eval(r.stdout.strip().splitlines()[-1])
+    wall = time.perf_counter() - t
+    return {**ast.literal_eval(r.stdout.strip().splitlines()[-1]), "process": [wall, 0.0]}
 
 
 def medians(runs: list[dict[str, list[float]]]) -> dict[str, dict[str, float]]:
@@ -107,6 +182,7 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="PYTHON:PKG, another runtime and its package, timed interleaved")
     ap.add_argument("--env", action="append", default=[], help="KEY=VAL: also time this runtime with these variables set")
     ap.add_argument("--stages", action="store_true", help="time this runtime's aotc.load step by step (the hashing's overlap)")
+    ap.add_argument("--aotc-first", action="store_true", help="also time a child that calls aotc.load before it imports numpy")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     # What `pip install` does: byte-compile the runtime (an editable install under PYTHONDONTWRITEBYTECODE
@@ -114,13 +190,18 @@ def main() -> None:
     import aotc
 
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(aotc.__file__).parent)], capture_output=True, check=False)
-    sides: dict[str, tuple[str, str, dict[str, str]]] = {"this": (sys.executable, str(args.pkg), {})}
-    if args.env:
-        env = dict(kv.split("=", 1) for kv in args.env)
-        sides["this+env"] = (sys.executable, str(args.pkg), env)
+    first = STAGES if args.stages else CHILD
+    sides: dict[str, tuple[str, str, dict[str, str], str]] = {"this": (sys.executable, str(args.pkg), {}, first)}
+    env = dict(kv.split("=", 1) for kv in args.env)
+    if args.aotc_first:
+        sides["this:aotc_first"] = (sys.executable, str(args.pkg), {}, STAGES_AOTC_FIRST if args.stages else AOTC_FIRST)
+    if env:
+        sides["this+env"] = (sys.executable, str(args.pkg), env, first)
+        if args.aotc_first:
+            sides["this:aotc_first+env"] = (sys.executable, str(args.pkg), env, STAGES_AOTC_FIRST if args.stages else AOTC_FIRST)
     if args.baseline:
         python, pkg = args.baseline.split(":", 1)
-        sides["baseline"] = (python, pkg, {})
+        sides["baseline"] = (python, pkg, {}, CHILD)
         compile_it = "import aotc, compileall, os; compileall.compile_dir(os.path.dirname(aotc.__file__), quiet=1)"
         subprocess.run([python, "-c", compile_it], check=False)
     doc: dict = {"runs": args.runs, "cores": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg(), "env": args.env}
@@ -128,8 +209,8 @@ def main() -> None:
         got: dict[str, list] = {k: [] for k in sides}
         with ctx():
             for _ in range(args.runs):
-                for k, (python, pkg, env) in sides.items():
-                    got[k].append(run_once(python, pkg, env, STAGES if args.stages and k != "baseline" else CHILD))
+                for k, (python, pkg, env_k, child) in sides.items():
+                    got[k].append(run_once(python, pkg, env_k, child))
         doc[state] = {k: medians(v) for k, v in got.items()}
         print(state, json.dumps({k: v["import_to_output"] for k, v in doc[state].items()}), flush=True)
     doc["loadavg_end"] = os.getloadavg()

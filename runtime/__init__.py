@@ -5,7 +5,7 @@ model = aotc.load("model.pkg")          # device="auto" | "cpu" | "cuda"
 y = model(x)                            # or model.run({"x": x}) -> {"y": y}
 """
 
-from typing import TYPE_CHECKING, Any
+from __future__ import annotations
 
 __version__ = "0.1.0"
 
@@ -23,7 +23,10 @@ from .errors import (
     VerifyFailed,
 )
 
+TYPE_CHECKING = False  # not typing's: ``import aotc`` stays free of typing's import (see aotc.container)
 if TYPE_CHECKING:
+    from typing import Any
+
     from .loading import load
     from .model import Model
 

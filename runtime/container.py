@@ -9,26 +9,27 @@ them with the manifest's, and hands out no member before they match.
 
 Note (why a module of its own): a cold start (new process -> ``aotc.load`` -> first output) spends ~20 ms
 importing the schema and parsing the manifest on one thread, and a large package's weights take longer to
-hash than that. This module imports only the standard library, so ``aotc.load`` maps the file and starts
-the hashing threads first, and they hash while the main thread imports and parses (see aotc.loading).
+hash than that. This module imports only the standard library, and of it only what the hashing needs
+(not ``typing`` nor ``dataclasses``, whose import pulls in ``inspect``: ~9 ms before the first digest in
+a script that calls ``aotc.load`` before importing numpy), so ``aotc.load`` maps the file and starts the
+hashing threads first, and they hash while the main thread imports and parses (see aotc.loading).
 """
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 import stat
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import PackageCorrupt, UsageError
 from .hashing import HASH_CHUNK, Hashes, hash_threads
 
+TYPE_CHECKING = False  # not typing's: see the Note
 if TYPE_CHECKING:
-    from dataclasses import dataclass
-else:
-    from .records import dataclass  # no methods compiled at import (see aotc.records)
+    from typing import NamedTuple
 
 MANIFEST = "manifest.json"
 
@@ -74,13 +75,18 @@ def member_ranges(offset: int, size: int) -> list[tuple[int, int]]:
     return [(s, min(s + HASH_CHUNK, offset + size)) for s in range(offset, offset + size, HASH_CHUNK)]
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One ZIP member: where its data starts in the file, its size and its CRC-32."""
+if TYPE_CHECKING:
 
-    offset: int
-    size: int
-    crc: int
+    class Entry(NamedTuple):
+        """One ZIP member: where its data starts in the file, its size and its CRC-32."""
+
+        offset: int
+        size: int
+        crc: int
+
+else:
+    Entry = collections.namedtuple("Entry", ("offset", "size", "crc"))
+    Entry.__doc__ = "One ZIP member: where its data starts in the file, its size and its CRC-32."
 
 
 def _zip64_fields(extra: bytes, want: int) -> list[int]:

@@ -11,6 +11,16 @@ Note (why): in a cold start of the MLP of benchmarks/cpu_side_by_side.py (100 MB
 sha256 on one core of the 2-core dev machine) the main thread spends ~30 ms importing and parsing before
 it can ask for a digest; hashing meanwhile takes that much off the end where a second core is free.
 Measured there (shared, 20 runs interleaved): load 136 -> 131 ms median, 122 with HANDOFF_S.
+
+Note (numpy's BLAS threads): a script that calls ``aotc.load`` before it imports numpy lets the hashing run
+beside numpy's import, the largest part of a cold start after the hashing. pip's numpy brings OpenBLAS,
+whose worker threads start when it loads and spin ~0.1 s (2**28 cycles) waiting for work that never comes
+here: 55-90 ms of CPU taken from the hashing on a 2-core machine. When this load is the one that imports
+numpy, it sets OPENBLAS_THREAD_TIMEOUT for that import only (OpenBLAS reads it once, as it loads): the
+workers then sleep at once and wake when numpy first calls BLAS. numpy's BLAS keeps all its threads; a user's
+own OPENBLAS_THREAD_TIMEOUT (or GOTO_THREAD_TIMEOUT) wins, and a numpy imported before ``aotc.load`` is
+left as it is. Measured (MLP, 2 shared cores, aotc.load before numpy, 15 runs interleaved): 164 -> 135 ms
+idle from this alone (benchmarks/results/cold_start_2026-12-03_session9.json has the whole session's).
 """
 
 from __future__ import annotations
@@ -21,14 +31,19 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .container import Container
 from .errors import IncompatiblePackage, UsageError
 
+TYPE_CHECKING = False  # not typing's: this module is on the way to the hashing's start (see aotc.container)
+
 if TYPE_CHECKING:
     from .model import Executor, Model
     from .package import Package
+
+# OpenBLAS's spin before its idle workers sleep, as a power of two of cycles: 4 is its smallest (~0).
+BLAS_THREAD_TIMEOUT = "4"
+BLAS_TIMEOUT_VARS = ("OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT")
 
 # How long a hashing thread that finished a chunk may wait for the GIL while this thread imports and parses
 # (Python's default switch interval is 5 ms, most of an 8 MiB chunk's ~8 ms of hashing); set while a load
@@ -69,6 +84,7 @@ def load(
     try:
         container = Container(path, hash_ahead=True)  # hashing runs from here on, beside the imports below
         try:
+            import_numpy()
             from .model import Model
             from .package import Package
 
@@ -97,6 +113,19 @@ def load(
             raise
         raise IncompatiblePackage(f"{e}; and the CUDA targets cannot run either: {fallback}") from None
     return Model(package, CpuExecutor(package, target, num_threads=num_threads), fallback)
+
+
+def import_numpy() -> None:
+    """Import numpy, with numpy's OpenBLAS told not to spin its idle threads when this is the first import
+    and the environment says nothing about it (see the module's note)."""
+    quiet = "numpy" not in sys.modules and not any(v in os.environ for v in BLAS_TIMEOUT_VARS)
+    if quiet:
+        os.environ[BLAS_TIMEOUT_VARS[0]] = BLAS_THREAD_TIMEOUT
+    try:
+        import numpy  # noqa: F401
+    finally:
+        if quiet:
+            os.environ.pop(BLAS_TIMEOUT_VARS[0], None)
 
 
 def verify_for_load(package: Package) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import aotc
+import aotc.loading
 import aotc.package
 import numpy as np
 import pytest
@@ -116,6 +118,43 @@ def test_load_starts_hashing_before_it_imports_the_schema(make_package) -> None:
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "[]"
     assert lines[1] == "False ['cpu/x86-64-v2/model.so', 'selftest.safetensors', 'weights.safetensors']"
+
+
+LOAD_BEFORE_NUMPY = """
+import os, sys
+before = set(sys.modules)
+import aotc, aotc.container
+seen = []
+real = aotc.container.Hashes.start
+def start(self, ranges, helpers):
+    seen.append(sorted(m for m in ('numpy', 'typing', 'dataclasses', 'json') if m in sys.modules and m not in before))
+    return real(self, ranges, helpers)
+aotc.container.Hashes.start = start
+during = []
+def hook(event, args):
+    if event == 'import' and args[0] == 'numpy':
+        during.append(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))
+sys.addaudithook(hook)
+m = aotc.load(sys.argv[1], device='cpu')
+import numpy as np
+y = m.run({"x": np.ones((2, 4), np.float32), "scale": np.ones(2, np.float32)})
+print(seen[0], during, os.environ.get('OPENBLAS_THREAD_TIMEOUT'), sorted(m.package._verified))
+"""
+
+
+def test_load_before_numpy_hashes_beside_numpy_import_with_openblas_quiet(make_package) -> None:
+    """A script that calls aotc.load before it imports numpy: the hashing starts before numpy's import (and
+    before typing's, dataclasses' and json's: ~10 ms that then run beside it), numpy's import runs with
+    OpenBLAS's idle spin off (its threads would take the hashing's core) and leaves the environment as it
+    was; a user's own setting wins; and every member is still checked."""
+    pkg = str(make_package())
+    members = "['cpu/x86-64-v2/model.so', 'selftest.safetensors', 'weights.safetensors']"
+    env = {k: v for k, v in os.environ.items() if k not in aotc.loading.BLAS_TIMEOUT_VARS}
+    for preset, during, after in ((None, "'4'", "None"), ("12", "'12'", "12")):
+        e = env if preset is None else {**env, "OPENBLAS_THREAD_TIMEOUT": preset}
+        r = subprocess.run([sys.executable, "-c", LOAD_BEFORE_NUMPY, pkg], capture_output=True, text=True, env=e, check=False)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == f"[] [{during}] {after} {members}"
 
 
 def test_field_types_agree_with_get_type_hints_for_every_record() -> None:
