@@ -74,23 +74,16 @@ print(repr(out))
 """
 
 # --stages: aotc.load's steps one by one (this runtime's aotc.loading.load, spelled out), each timed.
-STAGES = """
+_MARKS = """
 import sys, time
 marks = [(time.perf_counter(), time.process_time())]
 names = []
 def mark(name):
     marks.append((time.perf_counter(), time.process_time()))
     names.append(name)
-import numpy as np
-mark("numpy")
-import aotc
-mark("import_aotc")
-from aotc.container import Container
-from aotc.loading import HANDOFF_S
-sys.setswitchinterval(HANDOFF_S)  # as aotc.load does while it hashes
-c = Container(sys.argv[1], hash_ahead=True)
-mark("map_and_start_hashing")
-from aotc.loading import verify_for_load
+"""
+# From the hashes checked to the second call: the same in both orders.
+_CHECK_TO_CALLS = """from aotc.loading import verify_for_load
 from aotc.model import Model
 from aotc.package import Package
 mark("import_schema_package_model")
@@ -113,16 +106,19 @@ y = m(x)
 out["second_call"] = [time.perf_counter() - t[0], time.process_time() - t[1]]  # not part of import_to_output
 print(repr(out))
 """
+STAGES = _MARKS + """import numpy as np
+mark("numpy")
+import aotc
+mark("import_aotc")
+from aotc.container import Container
+from aotc.loading import HANDOFF_S
+sys.setswitchinterval(HANDOFF_S)  # as aotc.load does while it hashes
+c = Container(sys.argv[1], hash_ahead=True)
+mark("map_and_start_hashing")
+""" + _CHECK_TO_CALLS
 
 # --stages with --aotc-first: the same steps in the order of AOTC_FIRST (numpy imported while the hashing runs).
-STAGES_AOTC_FIRST = """
-import sys, time
-marks = [(time.perf_counter(), time.process_time())]
-names = []
-def mark(name):
-    marks.append((time.perf_counter(), time.process_time()))
-    names.append(name)
-import aotc
+STAGES_AOTC_FIRST = _MARKS + """import aotc
 mark("import_aotc")
 from aotc.container import Container
 from aotc.loading import HANDOFF_S
@@ -136,29 +132,7 @@ except ImportError:
 import_numpy()
 import numpy as np
 mark("numpy_while_hashing")
-from aotc.loading import verify_for_load
-from aotc.model import Model
-from aotc.package import Package
-mark("import_schema_package_model")
-pkg = Package(sys.argv[1], None, c)
-mark("manifest")
-from aotc.cpu import CpuExecutor, select_target
-mark("import_cpu")
-verify_for_load(pkg)
-sys.setswitchinterval(0.005)
-mark("hashes_checked")
-m = Model(pkg, CpuExecutor(pkg, select_target(pkg.manifest.cpu_targets)))
-mark("weights_and_dlopen")
-x = np.zeros([d if isinstance(d, int) else 1 for d in m.inputs[0].shape], np.dtype(m.inputs[0].dtype))
-y = m(x)
-mark("first_call")
-out = {n: [b[0] - a[0], b[1] - a[1]] for n, a, b in zip(names, marks, marks[1:])}
-out["import_to_output"] = [marks[-1][0] - marks[0][0], marks[-1][1] - marks[0][1]]
-t = (time.perf_counter(), time.process_time())
-y = m(x)
-out["second_call"] = [time.perf_counter() - t[0], time.process_time() - t[1]]  # not part of import_to_output
-print(repr(out))
-"""
+""" + _CHECK_TO_CALLS
 
 
 def run_once(python: str, pkg: str, env: dict[str, str] | None = None, child: str = CHILD) -> dict[str, list[float]]:
