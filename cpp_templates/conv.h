@@ -245,17 +245,68 @@ static inline aotc_conv_strides aotc_conv_dense(const aotc_conv_shape& s) {
   return aotc_conv_strides{0, s.C * s.H * s.W, 1, s.W * s.C, s.C};
 }
 
+// The shape of conv s over its input widened by ``pad`` columns of zeros each side (channels-last copies of a
+// stem's NCHW input carry the horizontal padding: every output pixel's window then lies inside the row,
+// and the row kernel computes whole rows, without the per-tap border path).
+static inline aotc_conv_shape aotc_conv_wider(const aotc_conv_shape& s, int64_t pad) {
+  aotc_conv_shape w = s;
+  w.W += 2 * pad;
+  w.pw -= pad;
+  return w;
+}
+
+#if AOTC_VBYTES == 64
+// permutex2var indices interleaving three 16-float planes a, b, c into out[3 i + ch]: for output vector k,
+// ab[k] takes a's and b's lanes into place (a c lane: anything), tc[k] then c's.
+struct aotc_rgb_index {
+  alignas(64) int32_t ab[3][16];
+  alignas(64) int32_t tc[3][16];
+};
+static constexpr aotc_rgb_index aotc_rgb_make() {
+  aotc_rgb_index r{};
+  for (int k = 0; k < 3; ++k)
+    for (int j = 0; j < 16; ++j) {
+      const int g = 16 * k + j, i = g / 3, ch = g % 3;
+      r.ab[k][j] = ch == 0 ? i : ch == 1 ? 16 + i : 0;
+      r.tc[k][j] = ch == 2 ? 16 + i : j;
+    }
+  return r;
+}
+static constexpr aotc_rgb_index aotc_rgb_idx = aotc_rgb_make();
+#endif
+
 // Rows [h0, h1) of image n of x (any layout and element type) into img, one image of dense channels-last
-// T (row h at img + h * W * C). Three channels (an RGB stem) with a compile-time count: the pixel's
-// channels are written together instead of one strided pass per channel.
+// T with ``pad`` pixels of zeros each side of a row (row h at img + h * (W + 2 pad) * C, pixel w at
+// (pad + w) * C within it). Three channels (an RGB stem) with a compile-time count: the pixel's channels
+// are written together instead of one strided pass per channel; fp32 planes of unit stride on AVX-512 16
+// pixels at a time through two permutes per vector (the scalar loop was a tenth of the stem conv).
 template <class T, class SX>
 static void aotc_conv_nhwc_rows(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, int64_t n, int64_t h0,
-                                int64_t h1, T* img) {
+                                int64_t h1, T* img, int64_t pad = 0) {
+  const int64_t ld = (s.W + 2 * pad) * s.C;
   for (int64_t h = h0; h < h1; ++h) {
-    T* row = img + h * s.W * s.C;
+    T* row = img + h * ld;
+    for (int64_t i = 0; i < pad * s.C; ++i) row[i] = row[ld - 1 - i] = T(0);
+    row += pad * s.C;
     const int64_t at = xs.off + n * xs.s0 + h * xs.s2;
     if (s.C == 3) {
-      for (int64_t w = 0; w < s.W; ++w)
+      int64_t w = 0;
+#if AOTC_VBYTES == 64
+      if constexpr (std::is_same<T, float>::value && std::is_same<SX, float>::value) {
+        if (xs.s3 == 1) {
+          const float* p = (const float*)(const void*)x + at;
+          for (; w + 16 <= s.W; w += 16) {
+            const __m512 a = _mm512_loadu_ps(p + w), b = _mm512_loadu_ps(p + xs.s1 + w), c = _mm512_loadu_ps(p + 2 * xs.s1 + w);
+#pragma GCC unroll 3
+            for (int k = 0; k < 3; ++k) {
+              const __m512 t = _mm512_permutex2var_ps(a, _mm512_load_si512(aotc_rgb_idx.ab[k]), b);
+              _mm512_storeu_ps(row + w * 3 + 16 * k, _mm512_permutex2var_ps(t, _mm512_load_si512(aotc_rgb_idx.tc[k]), c));
+            }
+          }
+        }
+      }
+#endif
+      for (; w < s.W; ++w)
 #pragma GCC unroll 3
         for (int c = 0; c < 3; ++c) row[w * 3 + c] = (T)aotc_elem<SX>::load(x, at + c * xs.s1 + w * xs.s3);
       continue;
@@ -265,15 +316,16 @@ static void aotc_conv_nhwc_rows(const aotc_conv_shape& s, const SX* x, aotc_conv
   }
 }
 
-// x (any layout and element type) copied to dense channels-last T in the calling thread's scratch.
+// x (any layout and element type) copied to dense channels-last T in the calling thread's scratch, ``pad``
+// pixels of zeros each side of a row (the input of aotc_conv_wider(s, pad)).
 template <class T, class SX>
-static const T* aotc_conv_nhwc(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs) {
-  const int64_t chw = s.C * s.H * s.W;
+static const T* aotc_conv_nhwc(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, int64_t pad = 0) {
+  const int64_t chw = s.C * s.H * (s.W + 2 * pad);
   T* xt = static_cast<T*>(aotc_conv_scratch((size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
   aotc_parallel_for(s.N * s.H, s.N * chw, [&](int64_t lo, int64_t hi) {
     for (int64_t nh = lo; nh < hi;) {  // the rows of one image at a time
       const int64_t n = nh / s.H, h1 = aotc_mm_min(hi - n * s.H, s.H);
-      aotc_conv_nhwc_rows<T>(s, x, xs, n, nh % s.H, h1, xt + n * chw);
+      aotc_conv_nhwc_rows<T>(s, x, xs, n, nh % s.H, h1, xt + n * chw, pad);
       nh = n * s.H + h1;
     }
   });
@@ -570,8 +622,11 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   static_assert(AOTC_CONV_MB % MR == 0, "AOTC_CONV_MB must be a multiple of MR");
   if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
   if (xs.s1 != 1 || !std::is_same<SX, T>::value) {
-    // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC, then read it in place.
-    aotc_conv2d_packed<T, NV, STEP>(s, aotc_conv_nhwc<T>(s, x, xs), aotc_conv_dense(s), wp, epi);
+    // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC with the horizontal
+    // padding in it, then read it in place.
+    const int64_t pad = s.pw > 0 ? s.pw : 0;
+    const aotc_conv_shape sw = aotc_conv_wider(s, pad);
+    aotc_conv2d_packed<T, NV, STEP>(sw, aotc_conv_nhwc<T>(s, x, xs, pad), aotc_conv_dense(sw), wp, epi);
     return;
   }
   const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;

@@ -2,7 +2,7 @@
 // 3x3/2 max-pool without the conv's output ever stored whole (at 4x16x224x224 that is 12.8 MB written and
 // read back, more time than the conv's arithmetic).
 //
-//   aotc_conv2d_packed_pool<T, NV, STEP, MAX>(s, x, xs, wp, pool, pre, epi)
+//   aotc_conv2d_packed_pool<T, NV, STEP, MAX, MONO>(s, x, xs, wp, pool, pre, epi)
 //     pre(oc, v) -> v'         what runs between the conv and the pool on each conv output (bias, activation)
 //     epi(n, ph, pw0, pwb, tile, ldt)  one pooled row: Red(n, oc, ph, pw) = tile[(pw - pw0) * ldt + oc]
 //   The pool takes the max (MAX) or min of pre's values over the window's positions inside the conv's output
@@ -88,21 +88,42 @@ static void aotc_pool_vrow(const aotc_conv_shape& s, const aotc_conv_pool& pl, c
     }
 }
 
-// Conv row r (OW pixels of ldb values, channels [0, C)) through pre in place, then whether it holds a NaN
-// (over the padding lanes too: a NaN there only sends the band down the NaN-checking path).
+// Whether r[0, n) (n a multiple of the vector) may hold a NaN: a sum of its values, which is NaN where
+// one is (or where infinities of both signs meet: a false alarm only sends a band down the slower NaN rule).
+// One add a vector; a compare-and-reduce loop took twice as long.
+template <class T>
+static bool aotc_pool_nan(const T* r, int64_t n) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  V acc[4] = {V{}, V{}, V{}, V{}};
+  int64_t i = 0;
+  for (; i + 4 * L <= n; i += 4 * L)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      V a;
+      memcpy(&a, r + i + j * L, sizeof(V));
+      acc[j] += a;
+    }
+  for (; i < n; i += L) {
+    V a;
+    memcpy(&a, r + i, sizeof(V));
+    acc[0] += a;
+  }
+  const V t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  bool any = false;
+#pragma GCC unroll 16
+  for (int l = 0; l < L; ++l) any |= t[l] != t[l];
+  return any;
+}
+
+// Conv row r (OW pixels of ldb values, channels [0, C)) through pre in place.
 template <class T, class Pre>
-static int aotc_pool_pre_row(T* r, int64_t OW, int64_t ldb, int64_t C, Pre& pre) {
+static void aotc_pool_pre_row(T* r, int64_t OW, int64_t ldb, int64_t C, Pre& pre) {
   for (int64_t p = 0; p < OW; ++p) {
     T* v = r + p * ldb;
 #pragma omp simd
     for (int64_t oc = 0; oc < C; ++oc) v[oc] = pre(oc, v[oc]);
   }
-  // a loop of its own: in pre's loop the reduction kept GCC from vectorising pre
-  int nans = 0;
-  const int64_t n = OW * ldb;
-#pragma omp simd reduction(| : nans)
-  for (int64_t i = 0; i < n; ++i) nans |= r[i] != r[i];
-  return nans;
 }
 
 // MONO: pre is non-decreasing in the conv's value (bias, ReLU, clamps: codegen checks, cpp_pool.py's
@@ -116,10 +137,13 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
   constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
   if (s.N <= 0 || s.O <= 0 || pl.OH <= 0 || pl.OW <= 0) return;
   // Input not dense channels-last T (the NCHW graph input of a stem): each task converts the input rows
-  // it reads into its own buffer (in cache when the conv reads them, no pass of its own).
+  // it reads into its own buffer (in cache when the conv reads them, no pass of its own), the horizontal
+  // padding as columns of zeros: the conv then runs as sc, every output's window inside its row.
   const bool convert = xs.s1 != 1 || !std::is_same<SX, T>::value;
-  const aotc_conv_strides xds = convert ? aotc_conv_dense(s) : xs;
-  const int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end(s.KW - 1 - s.pw, s.sw, s.W, s.OW);
+  const int64_t pad = convert && s.pw > 0 ? s.pw : 0;
+  const aotc_conv_shape sc = aotc_conv_wider(s, pad);
+  const aotc_conv_strides xds = convert ? aotc_conv_dense(sc) : xs;
+  const int64_t lo = aotc_conv_first(-sc.pw, sc.sw, 0, sc.OW), hi = aotc_conv_end(sc.KW - 1 - sc.pw, sc.sw, sc.W, sc.OW);
   const bool rows = STEP > 0 && STEP == s.sw * s.C && xds.s3 == s.C && s.dw == 1 && hi - lo >= MR;
   const int64_t Cp = aotc_roundup(s.O, NR), K = s.KH * s.KW * s.C, img = s.OH * s.OW * Cp;
   const int64_t row = s.OW * Cp, hrow = pl.OW * Cp;  // a conv row, a row of pooled columns
@@ -140,23 +164,20 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
   };
   // conv row r of ldb-strided pixels: pre unless MONO, the NaN test, the horizontal pass into h
   auto columns = [&](T* r, T* h) {
-    const int nans = MONO ? 0 : aotc_pool_pre_row<T>(r, s.OW, Cp, s.O, pre);
-    int any = nans;
-    if (MONO) {
-#pragma omp simd reduction(| : any)
-      for (int64_t i = 0; i < row; ++i) any |= r[i] != r[i];
-    }
-    if (any)
+    if (!MONO) aotc_pool_pre_row<T>(r, s.OW, Cp, s.O, pre);
+    // the padding lanes too: a NaN there only sends the band down the NaN-checking path
+    const bool nans = aotc_pool_nan<T>(r, row);
+    if (nans)
       aotc_pool_hrow<T, MAX, true>(s, pl, r, Cp, s.O, h);
     else
       aotc_pool_hrow<T, MAX, false>(s, pl, r, Cp, s.O, h);
-    return any != 0;
+    return nans;
   };
   if (!rows) {
-    const T* xd = convert ? aotc_conv_nhwc<T>(s, x, xs) : (const T*)(const void*)x;
+    const T* xd = convert ? aotc_conv_nhwc<T>(s, x, xs, pad) : (const T*)(const void*)x;
     T* full = static_cast<T*>(aligned_alloc(64, (size_t)aotc_roundup(s.N * img + (s.OH + 1) * hrow, 16) * sizeof(T)));
     if (full == NULL) throw std::bad_alloc();
-    aotc_conv2d_packed<T, NV, STEP>(s, xd, xds, wp, [&](int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const T* t, int64_t ldt) {
+    aotc_conv2d_packed<T, NV, STEP>(sc, xd, xds, wp, [&](int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const T* t, int64_t ldt) {
       for (int64_t p = p0; p < p0 + pb; ++p)
         for (int64_t oc = o0; oc < o0 + ob; ++oc) full[n * img + p * Cp + oc] = t[(p - p0) * ldt + oc - o0];
     });
@@ -180,7 +201,7 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
   const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
   // per thread: the band's pooled-column rows, one conv row, one pooled row, the converted input
   const int64_t align = 64 / (int64_t)sizeof(T), band_elems = aotc_roundup(band_rows * hrow + row + hrow, align);
-  const int64_t per = band_elems + (convert ? aotc_roundup(s.H * s.W * s.C, align) : 0);
+  const int64_t per = band_elems + (convert ? aotc_roundup(sc.H * sc.W * sc.C, align) : 0);
   const aotc_conv_bufs<T> bufs(per, nthreads, s.C, nested);
   T* const ws_all = bufs.ws;
   const T* const zero = bufs.zero;
@@ -194,7 +215,7 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
     T* const xc = hb + band_elems;
     if (convert) {  // the input rows of conv rows [oh_lo, oh_hi), into an image-sized buffer at their place
       const int64_t ih0 = oh_lo * s.sh - s.ph, ih1 = (oh_hi - 1) * s.sh - s.ph + (s.KH - 1) * s.dh + 1;
-      aotc_conv_nhwc_rows<T>(s, x, xs, n, ih0 > 0 ? ih0 : 0, aotc_mm_min(ih1, s.H), xc);
+      aotc_conv_nhwc_rows<T>(s, x, xs, n, ih0 > 0 ? ih0 : 0, aotc_mm_min(ih1, s.H), xc, pad);
     }
     const T* xn = convert ? (const T*)xc : (const T*)(const void*)x + xs.off + n * xs.s0;
     // Row by row: each conv row computed into r, then (in L1) pre and the NaN test, and its pooled columns.
@@ -202,8 +223,8 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
     for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
       for (int64_t js = 0; js < Cp; js += NR) {
         const T* bp = wp + js / NR * K * NR;
-        aotc_conv_row<T, NV, STEP>(s, xn, xds.s2, bp, oh, lo, hi, r + js, Cp);
-        aotc_conv_edges<T, NV>(s, xn, xds.s2, bp, oh, 1, lo, hi, zero, r + js, row, Cp);
+        aotc_conv_row<T, NV, STEP>(sc, xn, xds.s2, bp, oh, lo, hi, r + js, Cp);
+        if (lo > 0 || hi < s.OW) aotc_conv_edges<T, NV>(sc, xn, xds.s2, bp, oh, 1, lo, hi, zero, r + js, row, Cp);
       }
       nans |= columns(r, hb + (oh - oh_lo) * hrow);
     }
