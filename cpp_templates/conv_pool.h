@@ -34,21 +34,27 @@ struct aotc_conv_pool {
 // channels [0, C) a vector at a time (ldb a multiple of the vector: the lanes past C are read and written,
 // never handed on). NANS: the input may hold a NaN (in its first C lanes), which then wins; without, a plain
 // max / min (one instruction a value, where the NaN rule costs three).
-template <class T, bool MAX, bool NANS>
-static inline typename aotc_mm_vec<T>::type aotc_pool_step(typename aotc_mm_vec<T>::type acc, const T* at) {
-  typename aotc_mm_vec<T>::type a;
+template <class T, bool MAX, bool NANS, class V = typename aotc_mm_vec<T>::type>
+static inline V aotc_pool_step(V acc, const T* at, V& sum) {
+  V a;
   memcpy(&a, at, sizeof(a));
   if (NANS) return ((MAX ? a > acc : a < acc) | (a != a)) ? a : acc;  // a NaN, once in, stays
+  sum += a;  // NaN where a value is: see aotc_pool_hrow
   return (MAX ? acc > a : acc < a) ? acc : a;
 }
 
 // Conv row r[ow * ldb + c] into h[pw * ldb + c]: the max / min over the window's columns inside the row.
+// Without NANS, also whether the values read may hold a NaN: their sum is NaN where one is (or where
+// infinities of both signs meet: a false alarm only sends the band down the NaN rule). An add beside each
+// load and compare, where a pass of its own over the row cost a third as much as the pool; a NaN in a
+// column no window reads changes nothing.
 template <class T, bool MAX, bool NANS>
-static void aotc_pool_hrow(const aotc_conv_shape& s, const aotc_conv_pool& pl, const T* r, int64_t ldb, int64_t C,
+static bool aotc_pool_hrow(const aotc_conv_shape& s, const aotc_conv_pool& pl, const T* r, int64_t ldb, int64_t C,
                            T* h) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   const V init = aotc_vset1(MAX ? -(T)INFINITY : (T)INFINITY);
+  V sum = V{};
   for (int64_t pw = 0; pw < pl.OW; ++pw) {
     const int64_t w0 = pw * pl.sw - pl.pw;
     const int64_t lo = w0 < 0 ? -w0 : 0, n = aotc_mm_min(pl.KW, s.OW - w0) - lo;  // the columns inside
@@ -56,13 +62,17 @@ static void aotc_pool_hrow(const aotc_conv_shape& s, const aotc_conv_pool& pl, c
     for (int64_t c0 = 0; c0 < C; c0 += L) {
       V acc = init;
       if (n == 3)  // a 3-wide window inside the row (the stem's 3x3 pool), unrolled
-        acc = aotc_pool_step<T, MAX, NANS>(
-            aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(acc, at + c0), at + ldb + c0), at + 2 * ldb + c0);
+        acc = aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(acc, at + c0, sum), at + ldb + c0, sum),
+                                           at + 2 * ldb + c0, sum);
       else
-        for (int64_t j = 0; j < n; ++j) acc = aotc_pool_step<T, MAX, NANS>(acc, at + j * ldb + c0);
+        for (int64_t j = 0; j < n; ++j) acc = aotc_pool_step<T, MAX, NANS>(acc, at + j * ldb + c0, sum);
       memcpy(h + pw * ldb + c0, &acc, sizeof(V));
     }
   }
+  bool any = false;
+#pragma GCC unroll 16
+  for (int l = 0; l < L; ++l) any |= sum[l] != sum[l];
+  return any;
 }
 
 // Pooled row ph from the horizontally pooled rows hb[((oh - oh_lo) * OW + pw) * ldb + c] (pooled columns,
@@ -76,44 +86,18 @@ static void aotc_pool_vrow(const aotc_conv_shape& s, const aotc_conv_pool& pl, c
   const int64_t h0 = ph * pl.sh - pl.ph, lo = h0 < 0 ? -h0 : 0, n = aotc_mm_min(pl.KH, s.OH - h0) - lo;
   const int64_t ldr = pl.OW * ldb;  // between pooled-column rows
   const T* at = hb + (h0 + lo - oh_lo) * ldr;
+  V sum = V{};  // unused (hrow tested the values)
   for (int64_t pw = 0; pw < pl.OW; ++pw)
     for (int64_t c0 = 0; c0 < C; c0 += L) {
       const T* a = at + pw * ldb + c0;
       V acc = init;
       if (n == 3)
-        acc = aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(acc, a), a + ldr), a + 2 * ldr);
+        acc = aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(acc, a, sum), a + ldr, sum),
+                                           a + 2 * ldr, sum);
       else
-        for (int64_t j = 0; j < n; ++j) acc = aotc_pool_step<T, MAX, NANS>(acc, a + j * ldr);
+        for (int64_t j = 0; j < n; ++j) acc = aotc_pool_step<T, MAX, NANS>(acc, a + j * ldr, sum);
       memcpy(out + pw * ldb + c0, &acc, sizeof(V));
     }
-}
-
-// Whether r[0, n) (n a multiple of the vector) may hold a NaN: a sum of its values, which is NaN where
-// one is (or where infinities of both signs meet: a false alarm only sends a band down the slower NaN rule).
-// One add a vector; a compare-and-reduce loop took twice as long.
-template <class T>
-static bool aotc_pool_nan(const T* r, int64_t n) {
-  typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T));
-  V acc[4] = {V{}, V{}, V{}, V{}};
-  int64_t i = 0;
-  for (; i + 4 * L <= n; i += 4 * L)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      V a;
-      memcpy(&a, r + i + j * L, sizeof(V));
-      acc[j] += a;
-    }
-  for (; i < n; i += L) {
-    V a;
-    memcpy(&a, r + i, sizeof(V));
-    acc[0] += a;
-  }
-  const V t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-  bool any = false;
-#pragma GCC unroll 16
-  for (int l = 0; l < L; ++l) any |= t[l] != t[l];
-  return any;
 }
 
 // Conv row r (OW pixels of ldb values, channels [0, C)) through pre in place.
@@ -162,16 +146,13 @@ void aotc_conv2d_packed_pool(const aotc_conv_shape& s, const SX* x, aotc_conv_st
       }
     epi(n, ph, (int64_t)0, pl.OW, (const T*)out, Cp);
   };
-  // conv row r of ldb-strided pixels: pre unless MONO, the NaN test, the horizontal pass into h
+  // conv row r of ldb-strided pixels: pre unless MONO, then its pooled columns into h; true where it may
+  // hold a NaN (the padding lanes too: a NaN there only sends the band down the NaN-checking path)
   auto columns = [&](T* r, T* h) {
     if (!MONO) aotc_pool_pre_row<T>(r, s.OW, Cp, s.O, pre);
-    // the padding lanes too: a NaN there only sends the band down the NaN-checking path
-    const bool nans = aotc_pool_nan<T>(r, row);
-    if (nans)
-      aotc_pool_hrow<T, MAX, true>(s, pl, r, Cp, s.O, h);
-    else
-      aotc_pool_hrow<T, MAX, false>(s, pl, r, Cp, s.O, h);
-    return nans;
+    if (!aotc_pool_hrow<T, MAX, false>(s, pl, r, Cp, s.O, h)) return false;
+    aotc_pool_hrow<T, MAX, true>(s, pl, r, Cp, s.O, h);
+    return true;
   };
   if (!rows) {
     const T* xd = convert ? aotc_conv_nhwc<T>(s, x, xs, pad) : (const T*)(const void*)x;
