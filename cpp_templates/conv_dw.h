@@ -15,7 +15,7 @@
 //   aotc_conv2d_packed's (Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]), and store their value of
 //   pixel p, channel oc at dst[(p - p0) * ldt + oc]: the rows the next stage reads (for epi_d the tile
 //   itself: in place). epi_p is aotc_conv2d_packed's epilogue, writing the block's output. epi_e and epi_d
-//   may instead be an aotc_conv_clamp<T> (bias, ReLU6: conv.h), applied to the accumulators in registers:
+//   may instead be an aotc_conv_clamp<T> (bias, ReLU6: conv_depthwise.h), applied to the accumulators in registers:
 //   no pass over the rows at all.
 //
 // Steps: R output rows at a time (at least AOTC_BLOCK_PIXELS pixels: full micro-kernel strips on a 7x7
@@ -41,7 +41,7 @@
 #define AOTC_BLOCK_PIXELS 96  // pixels per 1x1 call at most, and output pixels per step at least (a multiple of every MR)
 #endif
 
-// min(max(v + b, lo), hi), a NaN passing as in aotc_conv_vfin (conv.h), in three instructions where the
+// min(max(v + b, lo), hi), a NaN passing as in aotc_conv_vfin (conv_depthwise.h), in three instructions where the
 // compares and blends of the generic form take nine: x86's maxps/minps return their second operand when
 // either is a NaN. After a 1x1 conv of 16 or 24 input channels (MobileNetV2's first blocks) the generic
 // clamp was a third of the block's time (perf). A zero of either sign may come out as the other.
