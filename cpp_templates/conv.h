@@ -452,7 +452,13 @@ static void aotc_conv_edges_by(const aotc_conv_shape& s, const T* xn, int64_t sx
                                int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc) {
   constexpr int NR = NV * (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T));
   const int64_t taps = s.KH * s.KW, per_row = lo + (s.OW - hi), total = rows * per_row;
-  std::vector<const T*> ind((size_t)(taps * M));
+  if (total <= 0) return;
+  // the pointers on the stack up to a 7x7 kernel's (a heap allocation per row and panel cost more than
+  // the two border pixels of a 3x3 conv's row)
+  constexpr int64_t held = 49 * (M < 24 ? M : 24);
+  const T* held_ind[held];
+  std::vector<const T*> more(taps * M > held ? (size_t)(taps * M) : 0);
+  const T** ind = taps * M > held ? more.data() : held_ind;
   alignas(64) T out[M * NR];
   int64_t at[M];
   for (int64_t e0 = 0; e0 < total; e0 += M) {
@@ -470,7 +476,7 @@ static void aotc_conv_edges_by(const aotc_conv_shape& s, const T* xn, int64_t sx
         }
       }
     }
-    aotc_conv_micro<T, M, NV>(taps, s.C, ind.data(), bp, out, NR);
+    aotc_conv_micro<T, M, NV>(taps, s.C, ind, bp, out, NR);
     for (int64_t i = 0; i < m; ++i) memcpy(c + at[i], out + i * NR, sizeof(T) * NR);
   }
 }
