@@ -13,7 +13,7 @@
 #include <algorithm>
 static double now() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static double wall() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
-template <int NVE, int NVP>
+template <int NVE, int NVP, int CE = 0, int CH = 0>
 static void run(int64_t C, int64_t H, int64_t hid, int64_t O, int64_t stride, int reps) {
   constexpr int L = AOTC_VBYTES / 4, NRE = NVE * L, NRP = NVP * L;
   const int64_t N = 1, W = H, OH = (H - 1) / stride + 1, OW = OH;
@@ -58,13 +58,13 @@ static void run(int64_t C, int64_t H, int64_t hid, int64_t O, int64_t stride, in
   auto block = [&]() {
     static const bool lam = getenv("LAMBDA") != nullptr;
     const aotc_conv_clamp<float> fe{b, 0, 0.0f, 6.0f};
-    if (!lam) aotc_conv_block<float, NVE, NVP>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fe,
+    if (!lam) aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fe,
       [&](int64_t, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
         for (int64_t p = p0; p < p0 + pb; ++p)
 #pragma omp simd
           for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) y2p[p * O + oc] = t[(p - p0) * ldt + oc - oc0] + b[oc];
       }); else
-    aotc_conv_block<float, NVE, NVP>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), row, row,
+    aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), row, row,
       [&](int64_t, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
         for (int64_t p = p0; p < p0 + pb; ++p)
 #pragma omp simd
@@ -88,19 +88,19 @@ int main(int argc, char** argv) {
   aotc_pool_set_threads(argc > 1 ? atoi(argv[1]) : 1);
   int reps = argc > 2 ? atoi(argv[2]) : 30;
   const char* which = getenv("WHICH");
-  if (which && atoi(which) == 1) { run<2, 1>(32, 112, 32, 16, 1, reps); return 0; }
-  if (which && atoi(which) == 2) { run<2, 2>(16, 112, 96, 24, 2, reps); return 0; }
-  if (which && atoi(which) == 3) { run<2, 2>(24, 56, 144, 24, 1, reps); return 0; }
-  run<2, 1>(32, 112, 32, 16, 1, reps);
-  run<2, 2>(16, 112, 96, 24, 2, reps);
-  run<2, 2>(24, 56, 144, 24, 1, reps);
-  run<2, 2>(24, 56, 144, 32, 2, reps);
-  run<2, 2>(32, 28, 192, 32, 1, reps);
-  run<2, 2>(32, 28, 192, 64, 2, reps);
-  run<2, 2>(64, 14, 384, 64, 1, reps);
-  run<2, 2>(64, 14, 384, 96, 1, reps);
-  run<2, 2>(96, 14, 576, 96, 1, reps);
-  run<2, 2>(96, 14, 576, 160, 2, reps);
-  run<2, 2>(160, 7, 960, 160, 1, reps);
-  run<2, 2>(160, 7, 960, 320, 1, reps);
+  if (which && atoi(which) == 1) { run<2, 1, 32, 32>(32, 112, 32, 16, 1, reps); return 0; }
+  if (which && atoi(which) == 2) { run<2, 2, 16, 96>(16, 112, 96, 24, 2, reps); return 0; }
+  if (which && atoi(which) == 3) { run<2, 2, 24, 144>(24, 56, 144, 24, 1, reps); return 0; }
+  run<2, 1, 32, 32>(32, 112, 32, 16, 1, reps);
+  run<2, 2, 16, 96>(16, 112, 96, 24, 2, reps);
+  run<2, 2, 24, 144>(24, 56, 144, 24, 1, reps);
+  run<2, 2, 24, 144>(24, 56, 144, 32, 2, reps);
+  run<2, 2, 32, 192>(32, 28, 192, 32, 1, reps);
+  run<2, 2, 32, 192>(32, 28, 192, 64, 2, reps);
+  run<2, 2, 64, 384>(64, 14, 384, 64, 1, reps);
+  run<2, 2, 64, 384>(64, 14, 384, 96, 1, reps);
+  run<2, 2, 96, 576>(96, 14, 576, 96, 1, reps);
+  run<2, 2, 96, 576>(96, 14, 576, 160, 2, reps);
+  run<2, 2, 160, 960>(160, 7, 960, 160, 1, reps);
+  run<2, 2, 160, 960>(160, 7, 960, 320, 1, reps);
 }

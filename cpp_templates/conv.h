@@ -14,7 +14,7 @@
 //                          no im2col at all. Other input layouts (the NCHW graph input of a stem conv) are
 //                          copied to NHWC once per call first.
 //   aotc_conv2d_dw<T>      depthwise over channels-last input, weight [kh][kw][C]: a direct loop vectorised
-//                          along the channels.
+//                          along the channels (conv_depthwise.h, included below).
 //   The last two hand the epilogue channels-last tiles:  epi(n, p0, pb, oc0, ocb, tile, ldt)  with
 //   Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)].
 // Epilogues run inside OpenMP regions and must not throw.
@@ -245,17 +245,68 @@ static inline aotc_conv_strides aotc_conv_dense(const aotc_conv_shape& s) {
   return aotc_conv_strides{0, s.C * s.H * s.W, 1, s.W * s.C, s.C};
 }
 
+// The shape of conv s over its input widened by ``pad`` columns of zeros each side (channels-last copies of a
+// stem's NCHW input carry the horizontal padding: every output pixel's window then lies inside the row,
+// and the row kernel computes whole rows, without the per-tap border path).
+static inline aotc_conv_shape aotc_conv_wider(const aotc_conv_shape& s, int64_t pad) {
+  aotc_conv_shape w = s;
+  w.W += 2 * pad;
+  w.pw -= pad;
+  return w;
+}
+
+#if AOTC_VBYTES == 64
+// permutex2var indices interleaving three 16-float planes a, b, c into out[3 i + ch]: for output vector k,
+// ab[k] takes a's and b's lanes into place (a c lane: anything), tc[k] then c's.
+struct aotc_rgb_index {
+  alignas(64) int32_t ab[3][16];
+  alignas(64) int32_t tc[3][16];
+};
+static constexpr aotc_rgb_index aotc_rgb_make() {
+  aotc_rgb_index r{};
+  for (int k = 0; k < 3; ++k)
+    for (int j = 0; j < 16; ++j) {
+      const int g = 16 * k + j, i = g / 3, ch = g % 3;
+      r.ab[k][j] = ch == 0 ? i : ch == 1 ? 16 + i : 0;
+      r.tc[k][j] = ch == 2 ? 16 + i : j;
+    }
+  return r;
+}
+static constexpr aotc_rgb_index aotc_rgb_idx = aotc_rgb_make();
+#endif
+
 // Rows [h0, h1) of image n of x (any layout and element type) into img, one image of dense channels-last
-// T (row h at img + h * W * C). Three channels (an RGB stem) with a compile-time count: the pixel's
-// channels are written together instead of one strided pass per channel.
+// T with ``pad`` pixels of zeros each side of a row (row h at img + h * (W + 2 pad) * C, pixel w at
+// (pad + w) * C within it). Three channels (an RGB stem) with a compile-time count: the pixel's channels
+// are written together instead of one strided pass per channel; fp32 planes of unit stride on AVX-512 16
+// pixels at a time through two permutes per vector (the scalar loop was a tenth of the stem conv).
 template <class T, class SX>
 static void aotc_conv_nhwc_rows(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, int64_t n, int64_t h0,
-                                int64_t h1, T* img) {
+                                int64_t h1, T* img, int64_t pad = 0) {
+  const int64_t ld = (s.W + 2 * pad) * s.C;
   for (int64_t h = h0; h < h1; ++h) {
-    T* row = img + h * s.W * s.C;
+    T* row = img + h * ld;
+    for (int64_t i = 0; i < pad * s.C; ++i) row[i] = row[ld - 1 - i] = T(0);
+    row += pad * s.C;
     const int64_t at = xs.off + n * xs.s0 + h * xs.s2;
     if (s.C == 3) {
-      for (int64_t w = 0; w < s.W; ++w)
+      int64_t w = 0;
+#if AOTC_VBYTES == 64
+      if constexpr (std::is_same<T, float>::value && std::is_same<SX, float>::value) {
+        if (xs.s3 == 1) {
+          const float* p = (const float*)(const void*)x + at;
+          for (; w + 16 <= s.W; w += 16) {
+            const __m512 a = _mm512_loadu_ps(p + w), b = _mm512_loadu_ps(p + xs.s1 + w), c = _mm512_loadu_ps(p + 2 * xs.s1 + w);
+#pragma GCC unroll 3
+            for (int k = 0; k < 3; ++k) {
+              const __m512 t = _mm512_permutex2var_ps(a, _mm512_load_si512(aotc_rgb_idx.ab[k]), b);
+              _mm512_storeu_ps(row + w * 3 + 16 * k, _mm512_permutex2var_ps(t, _mm512_load_si512(aotc_rgb_idx.tc[k]), c));
+            }
+          }
+        }
+      }
+#endif
+      for (; w < s.W; ++w)
 #pragma GCC unroll 3
         for (int c = 0; c < 3; ++c) row[w * 3 + c] = (T)aotc_elem<SX>::load(x, at + c * xs.s1 + w * xs.s3);
       continue;
@@ -265,15 +316,16 @@ static void aotc_conv_nhwc_rows(const aotc_conv_shape& s, const SX* x, aotc_conv
   }
 }
 
-// x (any layout and element type) copied to dense channels-last T in the calling thread's scratch.
+// x (any layout and element type) copied to dense channels-last T in the calling thread's scratch, ``pad``
+// pixels of zeros each side of a row (the input of aotc_conv_wider(s, pad)).
 template <class T, class SX>
-static const T* aotc_conv_nhwc(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs) {
-  const int64_t chw = s.C * s.H * s.W;
+static const T* aotc_conv_nhwc(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, int64_t pad = 0) {
+  const int64_t chw = s.C * s.H * (s.W + 2 * pad);
   T* xt = static_cast<T*>(aotc_conv_scratch((size_t)aotc_roundup(s.N * chw, 16) * sizeof(T)));
   aotc_parallel_for(s.N * s.H, s.N * chw, [&](int64_t lo, int64_t hi) {
     for (int64_t nh = lo; nh < hi;) {  // the rows of one image at a time
       const int64_t n = nh / s.H, h1 = aotc_mm_min(hi - n * s.H, s.H);
-      aotc_conv_nhwc_rows<T>(s, x, xs, n, nh % s.H, h1, xt + n * chw);
+      aotc_conv_nhwc_rows<T>(s, x, xs, n, nh % s.H, h1, xt + n * chw, pad);
       nh = n * s.H + h1;
     }
   });
@@ -400,7 +452,13 @@ static void aotc_conv_edges_by(const aotc_conv_shape& s, const T* xn, int64_t sx
                                int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc) {
   constexpr int NR = NV * (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T));
   const int64_t taps = s.KH * s.KW, per_row = lo + (s.OW - hi), total = rows * per_row;
-  std::vector<const T*> ind((size_t)(taps * M));
+  if (total <= 0) return;
+  // the pointers on the stack up to a 7x7 kernel's (a heap allocation per row and panel cost more than
+  // the two border pixels of a 3x3 conv's row)
+  constexpr int64_t held = 49 * (M < 24 ? M : 24);
+  const T* held_ind[held];
+  std::vector<const T*> more(taps * M > held ? (size_t)(taps * M) : 0);
+  const T** ind = taps * M > held ? more.data() : held_ind;
   alignas(64) T out[M * NR];
   int64_t at[M];
   for (int64_t e0 = 0; e0 < total; e0 += M) {
@@ -418,7 +476,7 @@ static void aotc_conv_edges_by(const aotc_conv_shape& s, const T* xn, int64_t sx
         }
       }
     }
-    aotc_conv_micro<T, M, NV>(taps, s.C, ind.data(), bp, out, NR);
+    aotc_conv_micro<T, M, NV>(taps, s.C, ind, bp, out, NR);
     for (int64_t i = 0; i < m; ++i) memcpy(c + at[i], out + i * NR, sizeof(T) * NR);
   }
 }
@@ -570,8 +628,11 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   static_assert(AOTC_CONV_MB % MR == 0, "AOTC_CONV_MB must be a multiple of MR");
   if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
   if (xs.s1 != 1 || !std::is_same<SX, T>::value) {
-    // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC, then read it in place.
-    aotc_conv2d_packed<T, NV, STEP>(s, aotc_conv_nhwc<T>(s, x, xs), aotc_conv_dense(s), wp, epi);
+    // Not channels-last (the NCHW graph input of a stem conv): one copy to NHWC with the horizontal
+    // padding in it, then read it in place.
+    const int64_t pad = s.pw > 0 ? s.pw : 0;
+    const aotc_conv_shape sw = aotc_conv_wider(s, pad);
+    aotc_conv2d_packed<T, NV, STEP>(sw, aotc_conv_nhwc<T>(s, x, xs, pad), aotc_conv_dense(sw), wp, epi);
     return;
   }
   const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
@@ -683,238 +744,7 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   });
 }
 
-#ifndef AOTC_CONV_DW_CB
-#define AOTC_CONV_DW_CB 256  // channels per depthwise task at most (a multiple of every vector width)
-#endif
-#ifndef AOTC_CONV_DW_OB
-#define AOTC_CONV_DW_OB 4  // output pixels per register block of the depthwise kernel
-#endif
-#ifndef AOTC_CONV_DW_ELEMS_PER_THREAD
-#define AOTC_CONV_DW_ELEMS_PER_THREAD 65536.0  // output elements x taps (~20 us of one core) per extra thread
-#endif
-
-// An epilogue applied to accumulators before they are stored, v = min(max(acc + bias[c], lo), hi) with
-// aotc_maximum's and aotc_minimum's rule that a NaN passes (a folded batch-norm and ReLU/ReLU6: conv_dw.h's
-// block stages). ``bias`` (NULL: none) is image n's at bias + n * bias_n; lo/hi may be -inf/inf.
-template <class T>
-struct aotc_conv_clamp {
-  const T* bias;
-  int64_t bias_n;
-  T lo, hi;
-};
-template <class T>
-static inline T aotc_conv_fin(T v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
-  if (bias != NULL) v += bias[c];
-  v = (v != v || v > f.lo) ? v : f.lo;
-  return (v != v || v < f.hi) ? v : f.hi;
-}
-// The vector form: on x86, maxps/minps with v second (they return their second operand when either is a
-// NaN), two instructions where the compares and blends of the generic form take six (conv_dw.h's
-// aotc_block_vclamp found the same on AVX2). A zero of either sign may come out as the other.
-template <class T, class V>
-static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
-  if (bias != NULL) {
-    V b;
-    memcpy(&b, bias + c, sizeof(V));
-    v += b;
-  }
-  const V lo = aotc_vset1(f.lo), hi = aotc_vset1(f.hi);
-#if AOTC_VBYTES == 64
-  if constexpr (std::is_same<T, float>::value)  // maskz with every lane: no _mm512_undefined_ps warning
-    return (V)_mm512_maskz_min_ps(0xffff, (__m512)hi, _mm512_maskz_max_ps(0xffff, (__m512)lo, (__m512)v));
-#elif AOTC_VBYTES == 32 && defined(__AVX__)
-  if constexpr (std::is_same<T, float>::value) return (V)_mm256_min_ps((__m256)hi, _mm256_max_ps((__m256)lo, (__m256)v));
-#endif
-  v = ((v != v) | (v > lo)) ? v : lo;
-  return ((v != v) | (v < hi)) ? v : hi;
-}
-
-// One output row of a depthwise conv, channels [c0, c0 + cb), into tile[ow * ldt + (c - c0)]. ``rows[kh]``
-// is the input row ih = oh * sh - ph + kh * dh (its pixel 0, channel 0; pixel stride ``sxw``), NULL when
-// ih is outside the image: the rows need not be evenly spaced (conv_dw.h feeds a ring of computed rows).
-// ``w`` is the weight [kh][kw][C]. ``fin`` (NULL: none) is applied to each output, its bias already image
-// n's. KWC is the kernel width when known at compile time (3), else 0. The
-// interior pixels (every kw tap inside the row) run in blocks of OB outputs, each weight vector loaded
-// once per block; at stride 1 with KWC known the OB + KW - 1 input pixels of a block are loaded once
-// for all kw taps. The edge pixels and the channels past the last full vector take a checked loop.
-template <class T, int KWC>
-static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* const* rows, int64_t sxw, const T* w, int64_t c0,
-                             int64_t cb, T* tile, int64_t ldt, const aotc_conv_clamp<T>* fin = NULL) {
-  typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T)), OB = AOTC_CONV_DW_OB;
-  const int64_t KW = KWC ? KWC : s.KW, KH = s.KH, C = s.C, cv = cb / L * L;
-  const T* w0 = w + c0;
-  // interior: iw = ow * sw - pw + kw * dw in [0, W) for kw = 0 and kw = KW - 1
-  int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end((KW - 1) * s.dw - s.pw, s.sw, s.W, s.OW);
-  if (hi < lo) hi = lo;
-  auto checked = [&](int64_t ow, int64_t cfrom) {  // one pixel, channels [cfrom, cb), every tap checked
-    T* out = tile + ow * ldt;
-    const int64_t kw0 = aotc_conv_first(ow * s.sw - s.pw, s.dw, 0, KW), kw1 = aotc_conv_end(ow * s.sw - s.pw, s.dw, s.W, KW);
-    const int64_t at = (ow * s.sw - s.pw) * sxw + c0;
-    int64_t c = cfrom;
-    for (; c + L <= cv; c += L) {
-      V acc = V{};
-      for (int64_t kh = 0; kh < KH; ++kh) {
-        if (rows[kh] == NULL) continue;
-        for (int64_t kw = kw0; kw < kw1; ++kw) {
-          V xv, wv;
-          memcpy(&xv, rows[kh] + at + kw * s.dw * sxw + c, sizeof(V));
-          memcpy(&wv, w0 + (kh * KW + kw) * C + c, sizeof(V));
-          acc = aotc_vfma(xv, wv, acc);
-        }
-      }
-      if (fin != NULL) acc = aotc_conv_vfin<T>(acc, *fin, fin->bias, c0 + c);
-      memcpy(out + c, &acc, sizeof(V));
-    }
-    for (; c < cb; ++c) {
-      T acc = T(0);
-      for (int64_t kh = 0; kh < KH; ++kh) {
-        if (rows[kh] == NULL) continue;
-        for (int64_t kw = kw0; kw < kw1; ++kw)
-          acc = std::fma(rows[kh][at + kw * s.dw * sxw + c], w0[(kh * KW + kw) * C + c], acc);
-      }
-      out[c] = fin != NULL ? aotc_conv_fin<T>(acc, *fin, fin->bias, c0 + c) : acc;
-    }
-  };
-  const int64_t step = s.sw * sxw, tap = s.dw * sxw;
-  const bool slide = KWC != 0 && s.sw == 1 && s.dw == 1;  // neighbouring outputs share KW - 1 input pixels
-  constexpr int KS = KWC ? KWC : 1;
-  // OB outputs from ow, every tap inside the row
-  auto interior = [&](int64_t ow) {
-    const int64_t at = (ow * s.sw - s.pw) * sxw + c0;
-    T* out = tile + ow * ldt;
-    for (int64_t c = 0; c < cv; c += L) {
-      V acc[OB];
-#pragma GCC unroll 8
-      for (int j = 0; j < OB; ++j) acc[j] = V{};
-      for (int64_t kh = 0; kh < KH; ++kh) {
-        if (rows[kh] == NULL) continue;
-        const T* xk = rows[kh] + at + c;
-        const T* wk = w0 + kh * KW * C + c;
-        if (slide) {
-          V xv[OB + KS - 1], wv[KS];
-#pragma GCC unroll 8
-          for (int kw = 0; kw < KS; ++kw) memcpy(&wv[kw], wk + kw * C, sizeof(V));
-#pragma GCC unroll 16
-          for (int j = 0; j < OB + KS - 1; ++j) memcpy(&xv[j], xk + j * sxw, sizeof(V));
-#pragma GCC unroll 8
-          for (int kw = 0; kw < KS; ++kw)
-#pragma GCC unroll 8
-            for (int j = 0; j < OB; ++j) acc[j] = aotc_vfma(xv[j + kw], wv[kw], acc[j]);
-          continue;
-        }
-#pragma GCC unroll 8
-        for (int64_t kw = 0; kw < KW; ++kw) {
-          V wv;
-          memcpy(&wv, wk + kw * C, sizeof(V));
-#pragma GCC unroll 8
-          for (int j = 0; j < OB; ++j) {
-            V xv;
-            memcpy(&xv, xk + j * step + kw * tap, sizeof(V));
-            acc[j] = aotc_vfma(xv, wv, acc[j]);
-          }
-        }
-      }
-      if (fin != NULL)
-#pragma GCC unroll 8
-        for (int j = 0; j < OB; ++j) acc[j] = aotc_conv_vfin<T>(acc[j], *fin, fin->bias, c0 + c);
-#pragma GCC unroll 8
-      for (int j = 0; j < OB; ++j) memcpy(out + j * ldt + c, &acc[j], sizeof(V));
-    }
-    if (cv < cb)
-      for (int j = 0; j < OB; ++j) checked(ow + j, cv);
-  };
-  if (slide) {
-    // Stride 1: the border pixels and a short row's tail run as blocks too, the input pixels outside the
-    // row read as zeros (per pixel, a one-pixel checked loop was most of a 7x7 or 14x14 row).
-    for (int64_t ow = 0; ow < s.OW; ow += OB) {
-      if (ow >= lo && ow + OB <= hi) {
-        interior(ow);
-        continue;
-      }
-      const int64_t nb = aotc_mm_min(OB, s.OW - ow), iw0 = ow - s.pw;
-      T* out = tile + ow * ldt;
-      for (int64_t c = 0; c < cv; c += L) {
-        V acc[OB];
-#pragma GCC unroll 8
-        for (int j = 0; j < OB; ++j) acc[j] = V{};
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          if (rows[kh] == NULL) continue;
-          const T* wk = w0 + kh * KW * C + c;
-          V xv[OB + KS - 1], wv[KS];
-#pragma GCC unroll 8
-          for (int kw = 0; kw < KS; ++kw) memcpy(&wv[kw], wk + kw * C, sizeof(V));
-#pragma GCC unroll 16
-          for (int j = 0; j < OB + KS - 1; ++j) {
-            xv[j] = V{};
-            if (iw0 + j >= 0 && iw0 + j < s.W) memcpy(&xv[j], rows[kh] + (iw0 + j) * sxw + c0 + c, sizeof(V));
-          }
-#pragma GCC unroll 8
-          for (int kw = 0; kw < KS; ++kw)
-#pragma GCC unroll 8
-            for (int j = 0; j < OB; ++j) acc[j] = aotc_vfma(xv[j + kw], wv[kw], acc[j]);
-        }
-        for (int j = 0; j < nb; ++j) {
-          const V v = fin != NULL ? aotc_conv_vfin<T>(acc[j], *fin, fin->bias, c0 + c) : acc[j];
-          memcpy(out + j * ldt + c, &v, sizeof(V));
-        }
-      }
-      if (cv < cb)
-        for (int j = 0; j < nb; ++j) checked(ow + j, cv);
-    }
-    return;
-  }
-  for (int64_t ow = 0; ow < lo; ++ow) checked(ow, 0);
-  int64_t ow = lo;
-  for (; ow + OB <= hi; ow += OB) interior(ow);
-  for (; ow < s.OW; ++ow) checked(ow, 0);
-}
-
-// The input rows of output row ``oh`` for aotc_conv_dw_row: rows[kh] = xn + ih * sxh, NULL outside [0, H).
-template <class T>
-static inline void aotc_conv_dw_rows(const aotc_conv_shape& s, const T* xn, int64_t sxh, int64_t oh, const T** rows) {
-  for (int64_t kh = 0; kh < s.KH; ++kh) {
-    const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
-    rows[kh] = ih >= 0 && ih < s.H ? xn + ih * sxh : NULL;
-  }
-}
-
-// Depthwise over channels-last x (channel stride 1), weight w[(kh * KW + kw) * C + c]: one task per (image,
-// output row, channel block). Its work is memory more than arithmetic (9 multiply-adds per element read),
-// so the thread count follows output elements x taps, not flops.
-template <class T, class Epi>
-void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* w, Epi epi) {
-  typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T));
-  if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
-  const int64_t C = s.C;
-  const int64_t CB = aotc_mm_min(aotc_roundup(C, L), AOTC_CONV_DW_CB), cblocks = (C + CB - 1) / CB;
-  const int64_t tasks = s.N * s.OH * cblocks;
-  const double work = (double)s.N * (double)s.OH * (double)s.OW * (double)C * (double)(s.KH * s.KW);
-  const int64_t by_work = (int64_t)(work / AOTC_CONV_DW_ELEMS_PER_THREAD);
-  const bool nested = aotc_pool_inside || omp_in_parallel();
-  const int nthreads = nested ? 1 : (int)aotc_mm_min(aotc_mm_min(aotc_pool_threads(), tasks), by_work > 1 ? by_work : 1);
-  // a tile per thread, then its KH row pointers
-  const int64_t per = aotc_roundup(s.OW * CB + s.KH * (int64_t)(sizeof(void*) / sizeof(T) + 1), 64 / (int64_t)sizeof(T));
-  // the library's kept workspace (matmul.h) unless nested in a caller's parallel loop: no per-call allocation
-  const size_t bytes = (size_t)(per * nthreads) * sizeof(T);
-  T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
-  if (nested && own == NULL) throw std::bad_alloc();
-  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
-  aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
-    T* tile = ws_all + (int64_t)slot * per;
-    const T** rows = reinterpret_cast<const T**>(tile + aotc_roundup(s.OW * CB, 64 / (int64_t)sizeof(T)));
-    const int64_t n = task / (s.OH * cblocks), oh = task / cblocks % s.OH, c0 = task % cblocks * CB;
-    const int64_t cb = aotc_mm_min(C - c0, CB);
-    aotc_conv_dw_rows<T>(s, x + xs.off + n * xs.s0, xs.s2, oh, rows);
-    if (s.KW == 3)
-      aotc_conv_dw_row<T, 3>(s, rows, xs.s3, w, c0, cb, tile, CB);
-    else
-      aotc_conv_dw_row<T, 0>(s, rows, xs.s3, w, c0, cb, tile, CB);
-    epi(n, oh * s.OW, s.OW, c0, cb, (const T*)tile, CB);
-  });
-  free(own);
-}
+#include "conv_depthwise.h"  // aotc_conv2d_dw, aotc_conv_dw_row, aotc_conv_clamp
 
 #ifdef AOTC_SELFTEST_CONV
 // Checks both paths against a naive loop on small integer data (exact in fp32).

@@ -5,7 +5,8 @@
 // (expand -> dw -> project): on the first blocks of MobileNetV2 (96 x 112 x 112 floats, 4.8 MB each way)
 // that traffic, not arithmetic, is the time.
 //
-//   aotc_conv_block<T, NVE, NVP>(se, x, xs, we, sd, wd, sp, wp, epi_e, epi_d, epi_p)
+//   aotc_conv_block<T, NVE, NVP, CE, CH>(se, x, xs, we, sd, wd, sp, wp, epi_e, epi_d, epi_p)
+//     CE, CH: se.C and sd.C when known at compile time (0: not), for the 1x1 convs' row micro-kernel.
 //     se: the expand conv's shape (1x1, stride 1, unpadded, groups 1); x its channels-last input (channel
 //         stride 1, any n/h/w strides); we its weight packed as aotc_conv2d_packed's (panels of NVE vectors).
 //     sd: the depthwise conv's shape (groups == C == O == se.O, dilation 1); wd its weight [kh][kw][C].
@@ -14,7 +15,7 @@
 //   aotc_conv2d_packed's (Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]), and store their value of
 //   pixel p, channel oc at dst[(p - p0) * ldt + oc]: the rows the next stage reads (for epi_d the tile
 //   itself: in place). epi_p is aotc_conv2d_packed's epilogue, writing the block's output. epi_e and epi_d
-//   may instead be an aotc_conv_clamp<T> (bias, ReLU6: conv.h), applied to the accumulators in registers:
+//   may instead be an aotc_conv_clamp<T> (bias, ReLU6: conv_depthwise.h), applied to the accumulators in registers:
 //   no pass over the rows at all.
 //
 // Steps: R output rows at a time (at least AOTC_BLOCK_PIXELS pixels: full micro-kernel strips on a 7x7
@@ -40,7 +41,7 @@
 #define AOTC_BLOCK_PIXELS 96  // pixels per 1x1 call at most, and output pixels per step at least (a multiple of every MR)
 #endif
 
-// min(max(v + b, lo), hi), a NaN passing as in aotc_conv_vfin (conv.h), in three instructions where the
+// min(max(v + b, lo), hi), a NaN passing as in aotc_conv_vfin (conv_depthwise.h), in three instructions where the
 // compares and blends of the generic form take nine: x86's maxps/minps return their second operand when
 // either is a NaN. After a 1x1 conv of 16 or 24 input channels (MobileNetV2's first blocks) the generic
 // clamp was a third of the block's time (perf). A zero of either sign may come out as the other.
@@ -110,7 +111,13 @@ static inline void aotc_block_fin_tile(T* c, int64_t ldc, const aotc_conv_clamp<
 // roundup(np, MR) rows (the last strip's padding rows are written too); with it, ``fin`` is applied in
 // registers (``bias``: image n's, roundup(O, NR) long, or NULL) and only np rows are written: a last
 // partial strip goes through ``tail`` (MR x ldc).
-template <class T, int NV>
+// STEP: the pixel stride sxw when known at compile time (0: not). Where the pixels are evenly spaced
+// (sxh == W * sxw) a full strip then takes conv.h's row micro-kernel, each broadcast one load at a fixed
+// offset, where aotc_conv_micro re-reads its MR pixel pointers from the stack: a load per broadcast more,
+// which on the 1x1 convs of 16 to 32 input channels left the load ports, not the FMAs, the limit (AVX-512,
+// MobileNetV2's blocks 5-24% faster). AVX2's strips of 6 keep their pointers in registers: unchanged there
+// (the row kernel measured 0-4% slower).
+template <class T, int NV, int STEP = 0>
 static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t W, int64_t q, int64_t np, int64_t C,
                                   int64_t kp, int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
                                   const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL) {
@@ -121,19 +128,30 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
     ind[i] = i < np ? xn + h * sxh + w * sxw : ind[0];  // past np: any real pixel
     if (++w == W) w = 0, ++h;
   }
+  constexpr bool rowk = STEP > 0 && MR > 8;
+  const bool even = rowk && sxw == STEP && (sxh == W * sxw || q % W + np <= W);  // one row, or dense rows
+  auto micro = [&](int64_t si, int64_t js, T* dst) {
+    if constexpr (rowk) {
+      if (even && si * MR + MR <= np) {  // pixel i of the strip at ind[si * MR] + i * STEP
+        aotc_conv_row_micro<T, MR, NV, STEP>(1, C, ind[si * MR], 0, wp + js * kp, dst, ldc);
+        return;
+      }
+    }
+    aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, dst, ldc);
+  };
   for (int64_t js = 0; js < O; js += NR)
     for (int64_t si = 0; si < strips; ++si) {
       if (fin == NULL) {
-        aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, c + si * MR * ldc + js, ldc);
+        micro(si, js, c + si * MR * ldc + js);
         continue;
       }
       const T* b = bias != NULL ? bias + js : NULL;
       if (si * MR + MR <= np) {
-        aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, c + si * MR * ldc + js, ldc);
+        micro(si, js, c + si * MR * ldc + js);
         aotc_block_fin_tile<T, MR, NV>(c + si * MR * ldc + js, ldc, *fin, b);
         continue;
       }
-      aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, tail + js, ldc);
+      micro(si, js, tail + js);
       aotc_block_fin_tile<T, MR, NV>(tail + js, ldc, *fin, b);
       for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
     }
@@ -143,7 +161,7 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
 template <class T, class Epi>
 struct aotc_block_fin : std::is_same<typename std::decay<Epi>::type, aotc_conv_clamp<T>> {};
 
-template <class T, int NVE, int NVP, class EpiE, class EpiD, class EpiP>
+template <class T, int NVE, int NVP, int CE = 0, int CH = 0, class EpiE, class EpiD, class EpiP>
 void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs, const T* we, const aotc_conv_shape& sd,
                      const T* wd, const aotc_conv_shape& sp, const T* wp, EpiE epi_e, EpiD epi_d, EpiP epi_p) {
   typedef typename aotc_mm_vec<T>::type V;
@@ -155,6 +173,10 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   const int64_t ldr = aotc_roundup(hid, NRE);  // pitch of an expanded pixel (the expand's tile)
   const int64_t ldd = aotc_roundup(hid, L);    // pitch of a depthwise output pixel
   const int64_t ldp = aotc_roundup(sp.O, NRP); // pitch of a projected pixel
+  // the pixel strides of the two 1x1 convs' inputs when codegen knows them: the expand's input channels
+  // CE (dense channels-last input), the depthwise rows' pitch ldd for CH hidden channels
+  constexpr int SE = CE, SP = CH > 0 ? (CH + L - 1) / L * L : 0;
+  static_assert(CE >= 0 && CH >= 0, "CE, CH: channel counts, or 0");
   // Threads by flops. A task is an image's (strip of output rows) x (slice of hidden channels); one of the
   // two is split, by a cost model of the multiply-adds of the slowest thread:
   // - strips: each expands the input rows it needs, the KH - sh rows it shares with the next strip computed
@@ -234,10 +256,10 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
         const int64_t np = aotc_mm_min(aotc_mm_min((int64_t)EP, need1 * W - q), wrap - q);
         T* dst = ring + ((ih % cap) * W + q % W) * ldr;
         if constexpr (aotc_block_fin<T, EpiE>::value) {
-          aotc_block_1x1<T, NVE>(xn, xs.s2, xs.s3, W, q, np, se.C, se.C, hb, we + h0 * se.C, ind, dst + h0, ldr, fin_e,
-                                 ebias + h0, etile);
+          aotc_block_1x1<T, NVE, SE>(xn, xs.s2, xs.s3, W, q, np, se.C, se.C, hb, we + h0 * se.C, ind, dst + h0, ldr, fin_e,
+                                     ebias + h0, etile);
         } else {
-          aotc_block_1x1<T, NVE>(xn, xs.s2, xs.s3, W, q, np, se.C, se.C, hb, we + h0 * se.C, ind, etile, ldr);
+          aotc_block_1x1<T, NVE, SE>(xn, xs.s2, xs.s3, W, q, np, se.C, se.C, hb, we + h0 * se.C, ind, etile, ldr);
           epi_e(n, q, np, h0, hb, (const T*)etile, ldr, dst);
         }
         q += np;
@@ -261,10 +283,10 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
       for (int64_t q = 0; q < r * OW; q += EP) {
         const int64_t np = aotc_mm_min((int64_t)EP, r * OW - q);
         if (part != NULL) {  // this slice's share of the projection, straight into its partial sums
-          aotc_block_1x1<T, NVP>(drow + h0, 0, ldd, r * OW, q, np, hb, hid, sp.O, wp + h0 * NRP, ind, part + (oh * OW + q) * ldp, ldp);
+          aotc_block_1x1<T, NVP, SP>(drow + h0, 0, ldd, r * OW, q, np, hb, hid, sp.O, wp + h0 * NRP, ind, part + (oh * OW + q) * ldp, ldp);
           continue;
         }
-        aotc_block_1x1<T, NVP>(drow, 0, ldd, r * OW, q, np, hid, hid, sp.O, wp, ind, ptile, ldp);
+        aotc_block_1x1<T, NVP, SP>(drow, 0, ldd, r * OW, q, np, hid, hid, sp.O, wp, ind, ptile, ldp);
         epi_p(n, oh * OW + q, np, (int64_t)0, sp.O, (const T*)ptile, ldp);
       }
     }
@@ -294,7 +316,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
 // with ReLU6 after the first two and a residual after the last, on small integer data (exact in fp32).
 #include <stdio.h>
 
-template <int NVE, int NVP>
+template <int NVE, int NVP, int CE = 0, int CH = 0>
 static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t hid, int64_t O, int64_t stride,
                             int threads, bool fin = false) {
   constexpr int L = AOTC_VBYTES / 4, NRE = NVE * L, NRP = NVP * L;
@@ -344,9 +366,9 @@ static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
   if (fin) {  // the register epilogues: a per-image bias for the expand, one shared by the images for the depthwise
     std::vector<float> be(N * hid, -1.0f), bd(hid, 2.0f);
     const aotc_conv_clamp<float> fe{be.data(), hid, 0.0f, 6.0f}, fd{bd.data(), 0, 0.0f, 6.0f};
-    aotc_conv_block<float, NVE, NVP>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fd, out_epi);
+    aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fd, out_epi);
   } else {
-    aotc_conv_block<float, NVE, NVP>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), row_epi(-1), row_epi(2), out_epi);
+    aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), row_epi(-1), row_epi(2), out_epi);
   }
   int fails = 0;
   for (size_t i = 0; i < got.size(); ++i) fails += got[i] != want[i];
@@ -382,6 +404,17 @@ int main() {
     fails += aotc_block_check<2, 1>(3, 7, 7, 7, 40, 9, 1, threads, fin);  // 7x7: one step a strip
     fails += aotc_block_check<2, 2>(1, 16, 7, 7, 160, 16, 1, threads, fin);  // 7x7 on two threads: hidden slices
     fails += aotc_block_check<1, 2>(1, 8, 13, 11, 70, 19, 2, threads, fin);  // uneven slices (AVX2), odd channels
+    // the same with the channel counts at compile time (the 1x1 convs' row micro-kernel)
+    fails += aotc_block_check<2, 2, 16, 96>(1, 16, 19, 21, 96, 16, 1, threads, fin);
+    fails += aotc_block_check<2, 1, 16, 96>(1, 16, 19, 21, 96, 24, 2, threads, fin);
+    fails += aotc_block_check<1, 2, 5, 30>(2, 5, 7, 9, 30, 37, 1, threads, fin);
+    fails += aotc_block_check<2, 2, 24, 144>(2, 24, 6, 5, 144, 24, 2, threads, fin);
+    fails += aotc_block_check<1, 1, 3, 7>(1, 3, 1, 1, 7, 3, 1, threads, fin);
+    fails += aotc_block_check<2, 2, 8, 20>(1, 8, 40, 3, 20, 8, 1, threads, fin);
+    fails += aotc_block_check<1, 2, 8, 24>(1, 8, 5, 61, 24, 8, 2, threads, fin);
+    fails += aotc_block_check<2, 1, 7, 40>(3, 7, 7, 7, 40, 9, 1, threads, fin);
+    fails += aotc_block_check<2, 2, 16, 160>(1, 16, 7, 7, 160, 16, 1, threads, fin);
+    fails += aotc_block_check<1, 2, 8, 70>(1, 8, 13, 11, 70, 19, 2, threads, fin);
   }
   return fails != 0;
 }

@@ -15,7 +15,7 @@ from aotc_build import kernel as K
 from aotc_build.build import build_captured, compile_graph
 from aotc_build.capture import capture_module
 from aotc_build.codegen.cpp_pack import PANEL, Packing, conv_panel, pack_array, pack_plan
-from aotc_build.ir import Op
+from aotc_build.ir import DType, Op
 from aotc_build.options import BuildOptions, Target
 from op_cases import random_bn
 from torch import nn
@@ -162,7 +162,7 @@ class PoolNet(nn.Module):
 @pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
 def test_pools_fused_into_convs_match_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
     from aotc.cpu_features import cpu_level
-    from aotc_build.codegen.cpp_pool import fuse_pools
+    from aotc_build.codegen.cpp_pool import fuse_pools, monotone
 
     order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
     if order.index(cpu_level()) < order.index(level):
@@ -173,7 +173,8 @@ def test_pools_fused_into_convs_match_eager(level: str, tmp_path: Path, aotc_cac
     _, plan, _ = compile_graph(cap, channels_last=True)
     fused = fuse_pools(pack_plan(plan, level)[0])
     assert [type(k).__name__ for k in fused.kernels] == ["Conv"] * 3
-    assert all(isinstance(k, K.Conv) and k.pool is not None for k in fused.kernels)
+    # bias + ReLU, bias + ReLU, nothing: each applied after the pool (conv_pool.h's MONO)
+    assert all(isinstance(k, K.Conv) and k.pool is not None and monotone(k.pool.pre) for k in fused.kernels)
     pkg = tmp_path / "poolnet.pkg"
     build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache)
     m = aotc.load(pkg, device="cpu")
@@ -185,3 +186,20 @@ def test_pools_fused_into_convs_match_eager(level: str, tmp_path: Path, aotc_cac
             want = model(xb).numpy()
         got = m(xb.numpy())
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.nanmax(np.abs(want))), equal_nan=True)
+
+
+def test_monotone_pre() -> None:
+    """cpp_pool.monotone: only what never decreases in Acc moves after the pool."""
+    from aotc_build.codegen.cpp_pool import monotone
+
+    f32, acc = DType.f32, K.Acc()
+
+    def c(v: float) -> K.Const:
+        return K.Const(v, f32)
+
+    assert monotone(K.Unary(Op.RELU, K.Binary(Op.ADD, acc, K.Load("b", K.Index(K.loop_var("i", 1), DType.i64), f32), f32), f32))
+    assert monotone(K.Binary(Op.MIN, K.Binary(Op.MAX, K.Binary(Op.MUL, c(2.0), acc, f32), c(0.0), f32), c(6.0), f32))
+    assert not monotone(K.Binary(Op.MUL, acc, c(-1.0), f32))
+    assert not monotone(K.Binary(Op.SUB, c(1.0), acc, f32))
+    assert not monotone(K.Binary(Op.MUL, acc, K.Load("w", K.Index(K.loop_var("i", 1), DType.i64), f32), f32))
+    assert not monotone(K.Unary(Op.NEG, acc, f32))

@@ -226,7 +226,6 @@ def write_block(
     e, d, p = stages
     ke, kd, kp = e.k, d.k, p.k
     assert isinstance(ke, K.Conv) and isinstance(kd, K.Conv) and isinstance(kp, K.Conv)
-    assert isinstance(ke, K.Conv) and isinstance(kd, K.Conv) and isinstance(kp, K.Conv)
     w = Writer("  ")
     body = Writer("  ", depth=1)
     for name, k in (("se", ke), ("sd", kd), ("sp", kp)):
@@ -244,8 +243,10 @@ def write_block(
     p.nhwc_epilogue(body, f"auto aotc_epi_p = [&]({rows})", "};", "aotc_sp.OW")
     x, we = e.ctx.bufs[ke.x.buf], e.ctx.bufs[ke.w.buf]
     wd, wp = d.ctx.bufs[kd.w.buf], p.ctx.bufs[kp.w.buf]
+    # the 1x1 convs' input channels: their pixel strides at compile time (conv_dw.h's CE, CH)
+    ce, ch = ke.c_in, kd.c_in
     body.line(
-        f"aotc_conv_block<float, {nve} * 4 / AOTC_VBYTES, {nvp} * 4 / AOTC_VBYTES>(aotc_se, {x}, aotc_xs, {we}, "
+        f"aotc_conv_block<float, {nve} * 4 / AOTC_VBYTES, {nvp} * 4 / AOTC_VBYTES, {ce}, {ch}>(aotc_se, {x}, aotc_xs, {we}, "
         f"aotc_sd, {wd} + {to_c(kd.w.offset)}, aotc_sp, {wp}, aotc_epi_e, aotc_epi_d, aotc_epi_p);"
     )
     with w.block(f"static void {fname}({', '.join(params)})"):

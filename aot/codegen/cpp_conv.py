@@ -19,6 +19,7 @@ from .. import kernel as K
 from ..ir import Op
 from ..symbolic import to_c
 from .cpp_block import ROW_DST, KernelWriter, clamp_of, depthwise_nhwc, in_place, write_block
+from .cpp_pool import monotone
 from .cpp_values import ACC_DTYPE, STORAGE, Kctx, Values, acc_type, operand_ptr
 from .writer import Writer
 
@@ -107,7 +108,8 @@ class ConvEmitter:
         pl = k.pool
         call, _ = self._conv_call(at)
         call = call.replace("aotc_conv2d_packed<", "aotc_conv2d_packed_pool<", 1)
-        call = call.replace(">(aotc_s,", f", {'true' if pl.op is Op.RMAX else 'false'}>(aotc_s,", 1)
+        flags = f"{'true' if pl.op is Op.RMAX else 'false'}, {'true' if monotone(pl.pre) else 'false'}"
+        call = call.replace(">(aotc_s,", f", {flags}>(aotc_s,", 1)
         parts = [*pl.kernel, *pl.stride, *pl.padding, *pl.out_hw]
         self.w.line(f"const aotc_conv_pool aotc_pl = {{{', '.join(to_c(e) for e in parts)}}};")
         with self.w.block(f"{call}aotc_pl, [&](int64_t i1, {at} aotc_v) -> {at}", "},"):

@@ -104,6 +104,37 @@ def _pre(body: K.Value, buf: str) -> K.Value | None:
     return go(body)
 
 
+# Unary ops that never decrease (NaN in, NaN out): what ``monotone`` lets through.
+_RISING = frozenset({Op.RELU, Op.EXP, Op.TANH, Op.SIGMOID, Op.ERF})
+
+
+def monotone(pre: K.Value) -> bool:
+    """Whether ``pre`` is non-decreasing in ``Acc`` (sums, max/min, subtracting or scaling by a non-negative
+    constant what does not depend on it, ReLU and the like): then max(pre(v)) = pre(max(v)), min alike, and
+    conv_pool.h pools the conv's values and applies ``pre`` to the pooled ones only (a quarter of them
+    after a 3x3/2 pool). Anything else (a Where, a product with a weight of either sign) is False."""
+
+    def free(v: K.Value) -> bool:
+        return not any(isinstance(u, K.Acc) for u in K.walk(v))
+
+    def rising(v: K.Value) -> bool:
+        if free(v) or isinstance(v, K.Acc):
+            return True
+        if isinstance(v, K.Unary):
+            return (v.op in _RISING or (v.op is Op.CAST and v.dtype.is_float)) and rising(v.x)
+        if isinstance(v, K.Binary):
+            if v.op in (Op.ADD, Op.MAX, Op.MIN):
+                return rising(v.a) and rising(v.b)
+            if v.op is Op.SUB:
+                return rising(v.a) and free(v.b)
+            if v.op is Op.MUL:
+                c, other = (v.b, v.a) if free(v.b) else (v.a, v.b)
+                return isinstance(c, K.Const) and float(c.value) >= 0 and rising(other)
+        return False
+
+    return rising(pre)
+
+
 def _fused(plan: K.Plan, conv: K.Kernel, red: K.Kernel) -> K.Conv | None:
     """``conv`` with ``red`` (the pool reading its output) fused in, or None where the pair does not fit."""
     if not (isinstance(conv, K.Conv) and conv.packed and conv.pool is None and isinstance(red, K.Reduce)):

@@ -1,0 +1,245 @@
+// Depthwise conv over channels-last input (conv.h's third entry point, aotc_conv2d_dw) and the pieces of it
+// that conv_dw.h's fused blocks share: the register epilogue aotc_conv_clamp and the row kernel
+// aotc_conv_dw_row.
+// What it is not: a header to include on its own terms -- conv.h includes it (after its own kernels, before
+// its self-test, which checks aotc_conv2d_dw too), and it includes conv.h, so that either compiles alone.
+// Epilogues run inside OpenMP regions and must not throw.
+#ifndef AOTC_CONV_DEPTHWISE_H
+#define AOTC_CONV_DEPTHWISE_H
+
+#include "conv.h"
+
+#ifndef AOTC_CONV_DW_CB
+#define AOTC_CONV_DW_CB 256  // channels per depthwise task at most (a multiple of every vector width)
+#endif
+#ifndef AOTC_CONV_DW_OB
+#define AOTC_CONV_DW_OB 4  // output pixels per register block of the depthwise kernel
+#endif
+#ifndef AOTC_CONV_DW_ELEMS_PER_THREAD
+#define AOTC_CONV_DW_ELEMS_PER_THREAD 65536.0  // output elements x taps (~20 us of one core) per extra thread
+#endif
+
+// An epilogue applied to accumulators before they are stored, v = min(max(acc + bias[c], lo), hi) with
+// aotc_maximum's and aotc_minimum's rule that a NaN passes (a folded batch-norm and ReLU/ReLU6: conv_dw.h's
+// block stages). ``bias`` (NULL: none) is image n's at bias + n * bias_n; lo/hi may be -inf/inf.
+template <class T>
+struct aotc_conv_clamp {
+  const T* bias;
+  int64_t bias_n;
+  T lo, hi;
+};
+template <class T>
+static inline T aotc_conv_fin(T v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
+  if (bias != NULL) v += bias[c];
+  v = (v != v || v > f.lo) ? v : f.lo;
+  return (v != v || v < f.hi) ? v : f.hi;
+}
+// The vector form: on x86, maxps/minps with v second (they return their second operand when either is a
+// NaN), two instructions where the compares and blends of the generic form take six (conv_dw.h's
+// aotc_block_vclamp found the same on AVX2). A zero of either sign may come out as the other.
+template <class T, class V>
+static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
+  if (bias != NULL) {
+    V b;
+    memcpy(&b, bias + c, sizeof(V));
+    v += b;
+  }
+  const V lo = aotc_vset1(f.lo), hi = aotc_vset1(f.hi);
+#if AOTC_VBYTES == 64
+  if constexpr (std::is_same<T, float>::value)  // maskz with every lane: no _mm512_undefined_ps warning
+    return (V)_mm512_maskz_min_ps(0xffff, (__m512)hi, _mm512_maskz_max_ps(0xffff, (__m512)lo, (__m512)v));
+#elif AOTC_VBYTES == 32 && defined(__AVX__)
+  if constexpr (std::is_same<T, float>::value) return (V)_mm256_min_ps((__m256)hi, _mm256_max_ps((__m256)lo, (__m256)v));
+#endif
+  v = ((v != v) | (v > lo)) ? v : lo;
+  return ((v != v) | (v < hi)) ? v : hi;
+}
+
+// One output row of a depthwise conv, channels [c0, c0 + cb), into tile[ow * ldt + (c - c0)]. ``rows[kh]``
+// is the input row ih = oh * sh - ph + kh * dh (its pixel 0, channel 0; pixel stride ``sxw``), NULL when
+// ih is outside the image: the rows need not be evenly spaced (conv_dw.h feeds a ring of computed rows).
+// ``w`` is the weight [kh][kw][C]. ``fin`` (NULL: none) is applied to each output, its bias already image
+// n's. KWC is the kernel width when known at compile time (3), else 0. The
+// interior pixels (every kw tap inside the row) run in blocks of OB outputs, each weight vector loaded
+// once per block; at stride 1 with KWC known the OB + KW - 1 input pixels of a block are loaded once
+// for all kw taps. The edge pixels and the channels past the last full vector take a checked loop.
+template <class T, int KWC>
+static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* const* rows, int64_t sxw, const T* w, int64_t c0,
+                             int64_t cb, T* tile, int64_t ldt, const aotc_conv_clamp<T>* fin = NULL) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), OB = AOTC_CONV_DW_OB;
+  const int64_t KW = KWC ? KWC : s.KW, KH = s.KH, C = s.C, cv = cb / L * L;
+  const T* w0 = w + c0;
+  // interior: iw = ow * sw - pw + kw * dw in [0, W) for kw = 0 and kw = KW - 1
+  int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end((KW - 1) * s.dw - s.pw, s.sw, s.W, s.OW);
+  if (hi < lo) hi = lo;
+  auto checked = [&](int64_t ow, int64_t cfrom) {  // one pixel, channels [cfrom, cb), every tap checked
+    T* out = tile + ow * ldt;
+    const int64_t kw0 = aotc_conv_first(ow * s.sw - s.pw, s.dw, 0, KW), kw1 = aotc_conv_end(ow * s.sw - s.pw, s.dw, s.W, KW);
+    const int64_t at = (ow * s.sw - s.pw) * sxw + c0;
+    int64_t c = cfrom;
+    for (; c + L <= cv; c += L) {
+      V acc = V{};
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        if (rows[kh] == NULL) continue;
+        for (int64_t kw = kw0; kw < kw1; ++kw) {
+          V xv, wv;
+          memcpy(&xv, rows[kh] + at + kw * s.dw * sxw + c, sizeof(V));
+          memcpy(&wv, w0 + (kh * KW + kw) * C + c, sizeof(V));
+          acc = aotc_vfma(xv, wv, acc);
+        }
+      }
+      if (fin != NULL) acc = aotc_conv_vfin<T>(acc, *fin, fin->bias, c0 + c);
+      memcpy(out + c, &acc, sizeof(V));
+    }
+    for (; c < cb; ++c) {
+      T acc = T(0);
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        if (rows[kh] == NULL) continue;
+        for (int64_t kw = kw0; kw < kw1; ++kw)
+          acc = std::fma(rows[kh][at + kw * s.dw * sxw + c], w0[(kh * KW + kw) * C + c], acc);
+      }
+      out[c] = fin != NULL ? aotc_conv_fin<T>(acc, *fin, fin->bias, c0 + c) : acc;
+    }
+  };
+  const int64_t step = s.sw * sxw, tap = s.dw * sxw;
+  const bool slide = KWC != 0 && s.sw == 1 && s.dw == 1;  // neighbouring outputs share KW - 1 input pixels
+  constexpr int KS = KWC ? KWC : 1;
+  // OB outputs from ow, every tap inside the row
+  auto interior = [&](int64_t ow) {
+    const int64_t at = (ow * s.sw - s.pw) * sxw + c0;
+    T* out = tile + ow * ldt;
+    for (int64_t c = 0; c < cv; c += L) {
+      V acc[OB];
+#pragma GCC unroll 8
+      for (int j = 0; j < OB; ++j) acc[j] = V{};
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        if (rows[kh] == NULL) continue;
+        const T* xk = rows[kh] + at + c;
+        const T* wk = w0 + kh * KW * C + c;
+        if (slide) {
+          V xv[OB + KS - 1], wv[KS];
+#pragma GCC unroll 8
+          for (int kw = 0; kw < KS; ++kw) memcpy(&wv[kw], wk + kw * C, sizeof(V));
+#pragma GCC unroll 16
+          for (int j = 0; j < OB + KS - 1; ++j) memcpy(&xv[j], xk + j * sxw, sizeof(V));
+#pragma GCC unroll 8
+          for (int kw = 0; kw < KS; ++kw)
+#pragma GCC unroll 8
+            for (int j = 0; j < OB; ++j) acc[j] = aotc_vfma(xv[j + kw], wv[kw], acc[j]);
+          continue;
+        }
+#pragma GCC unroll 8
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          V wv;
+          memcpy(&wv, wk + kw * C, sizeof(V));
+#pragma GCC unroll 8
+          for (int j = 0; j < OB; ++j) {
+            V xv;
+            memcpy(&xv, xk + j * step + kw * tap, sizeof(V));
+            acc[j] = aotc_vfma(xv, wv, acc[j]);
+          }
+        }
+      }
+      if (fin != NULL)
+#pragma GCC unroll 8
+        for (int j = 0; j < OB; ++j) acc[j] = aotc_conv_vfin<T>(acc[j], *fin, fin->bias, c0 + c);
+#pragma GCC unroll 8
+      for (int j = 0; j < OB; ++j) memcpy(out + j * ldt + c, &acc[j], sizeof(V));
+    }
+    if (cv < cb)
+      for (int j = 0; j < OB; ++j) checked(ow + j, cv);
+  };
+  if (slide) {
+    // Stride 1: the border pixels and a short row's tail run as blocks too, the input pixels outside the
+    // row read as zeros (per pixel, a one-pixel checked loop was most of a 7x7 or 14x14 row).
+    for (int64_t ow = 0; ow < s.OW; ow += OB) {
+      if (ow >= lo && ow + OB <= hi) {
+        interior(ow);
+        continue;
+      }
+      const int64_t nb = aotc_mm_min(OB, s.OW - ow), iw0 = ow - s.pw;
+      T* out = tile + ow * ldt;
+      for (int64_t c = 0; c < cv; c += L) {
+        V acc[OB];
+#pragma GCC unroll 8
+        for (int j = 0; j < OB; ++j) acc[j] = V{};
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          if (rows[kh] == NULL) continue;
+          const T* wk = w0 + kh * KW * C + c;
+          V xv[OB + KS - 1], wv[KS];
+#pragma GCC unroll 8
+          for (int kw = 0; kw < KS; ++kw) memcpy(&wv[kw], wk + kw * C, sizeof(V));
+#pragma GCC unroll 16
+          for (int j = 0; j < OB + KS - 1; ++j) {
+            xv[j] = V{};
+            if (iw0 + j >= 0 && iw0 + j < s.W) memcpy(&xv[j], rows[kh] + (iw0 + j) * sxw + c0 + c, sizeof(V));
+          }
+#pragma GCC unroll 8
+          for (int kw = 0; kw < KS; ++kw)
+#pragma GCC unroll 8
+            for (int j = 0; j < OB; ++j) acc[j] = aotc_vfma(xv[j + kw], wv[kw], acc[j]);
+        }
+        for (int j = 0; j < nb; ++j) {
+          const V v = fin != NULL ? aotc_conv_vfin<T>(acc[j], *fin, fin->bias, c0 + c) : acc[j];
+          memcpy(out + j * ldt + c, &v, sizeof(V));
+        }
+      }
+      if (cv < cb)
+        for (int j = 0; j < nb; ++j) checked(ow + j, cv);
+    }
+    return;
+  }
+  for (int64_t ow = 0; ow < lo; ++ow) checked(ow, 0);
+  int64_t ow = lo;
+  for (; ow + OB <= hi; ow += OB) interior(ow);
+  for (; ow < s.OW; ++ow) checked(ow, 0);
+}
+
+// The input rows of output row ``oh`` for aotc_conv_dw_row: rows[kh] = xn + ih * sxh, NULL outside [0, H).
+template <class T>
+static inline void aotc_conv_dw_rows(const aotc_conv_shape& s, const T* xn, int64_t sxh, int64_t oh, const T** rows) {
+  for (int64_t kh = 0; kh < s.KH; ++kh) {
+    const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+    rows[kh] = ih >= 0 && ih < s.H ? xn + ih * sxh : NULL;
+  }
+}
+
+// Depthwise over channels-last x (channel stride 1), weight w[(kh * KW + kw) * C + c]: one task per (image,
+// output row, channel block). Its work is memory more than arithmetic (9 multiply-adds per element read),
+// so the thread count follows output elements x taps, not flops.
+template <class T, class Epi>
+void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* w, Epi epi) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
+  const int64_t C = s.C;
+  const int64_t CB = aotc_mm_min(aotc_roundup(C, L), AOTC_CONV_DW_CB), cblocks = (C + CB - 1) / CB;
+  const int64_t tasks = s.N * s.OH * cblocks;
+  const double work = (double)s.N * (double)s.OH * (double)s.OW * (double)C * (double)(s.KH * s.KW);
+  const int64_t by_work = (int64_t)(work / AOTC_CONV_DW_ELEMS_PER_THREAD);
+  const bool nested = aotc_pool_inside || omp_in_parallel();
+  const int nthreads = nested ? 1 : (int)aotc_mm_min(aotc_mm_min(aotc_pool_threads(), tasks), by_work > 1 ? by_work : 1);
+  // a tile per thread, then its KH row pointers
+  const int64_t per = aotc_roundup(s.OW * CB + s.KH * (int64_t)(sizeof(void*) / sizeof(T) + 1), 64 / (int64_t)sizeof(T));
+  // the library's kept workspace (matmul.h) unless nested in a caller's parallel loop: no per-call allocation
+  const size_t bytes = (size_t)(per * nthreads) * sizeof(T);
+  T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
+  if (nested && own == NULL) throw std::bad_alloc();
+  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
+    T* tile = ws_all + (int64_t)slot * per;
+    const T** rows = reinterpret_cast<const T**>(tile + aotc_roundup(s.OW * CB, 64 / (int64_t)sizeof(T)));
+    const int64_t n = task / (s.OH * cblocks), oh = task / cblocks % s.OH, c0 = task % cblocks * CB;
+    const int64_t cb = aotc_mm_min(C - c0, CB);
+    aotc_conv_dw_rows<T>(s, x + xs.off + n * xs.s0, xs.s2, oh, rows);
+    if (s.KW == 3)
+      aotc_conv_dw_row<T, 3>(s, rows, xs.s3, w, c0, cb, tile, CB);
+    else
+      aotc_conv_dw_row<T, 0>(s, rows, xs.s3, w, c0, cb, tile, CB);
+    epi(n, oh * s.OW, s.OW, c0, cb, (const T*)tile, CB);
+  });
+  free(own);
+}
+
+#endif  // AOTC_CONV_DEPTHWISE_H
