@@ -22,7 +22,10 @@
 #include "conv.h"
 
 #ifndef AOTC_WINO_BYTES
-#define AOTC_WINO_BYTES (768 * 1024)  // transformed input and products of one task at most (in L2)
+#define AOTC_WINO_BYTES (64 * 1024)  // transformed input and products of one group of tiles at most
+#endif
+#ifndef AOTC_WINO_BAND_BYTES
+#define AOTC_WINO_BAND_BYTES (256 * 1024)  // the output tile of one task (a band of rows) at most
 #endif
 
 static inline int64_t aotc_wino_max(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -139,22 +142,29 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
   const T* xt = (const T*)(const void*)x;
   const int64_t TW = (s.OW + M - 1) / M, TH = (s.OH + M - 1) / M;
   int64_t NB = aotc_mm_min(aotc_roundup(s.O, NR), 8 * NR);
-  // Tile rows per band: as many as keep V and Mt of the band within AOTC_WINO_BYTES, then fewer until each
-  // thread has a few tasks.
-  const int64_t tile_bytes = (int64_t)AA * (CP + NB) * (int64_t)sizeof(T);
-  int64_t TR = aotc_wino_max(AOTC_WINO_BYTES / (tile_bytes * TW), 1);
+  // Tile rows per band: as many as keep the band's output tile within AOTC_WINO_BAND_BYTES, then fewer
+  // until each thread has a few tasks; then output channel blocks.
+  int64_t TR = aotc_wino_max(AOTC_WINO_BAND_BYTES / (M * s.OW * NB * (int64_t)sizeof(T)), 1);
   TR = aotc_mm_min(TR, TH);
   const double flops = 2.0 * (double)s.N * (double)(TH * TW) * AA * (double)s.C * (double)s.O;
   const int64_t want = aotc_mm_min(aotc_pool_threads(), (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 3;
   auto ntasks = [&]() { return s.N * ((TH + TR - 1) / TR) * ((s.O + NB - 1) / NB); };
   while (TR > 1 && ntasks() < want) TR = (TR + 1) / 2;
-  while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);  // then output channel blocks
+  while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t bands = (TH + TR - 1) / TR, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
-  const int64_t TT = aotc_roundup(TR * TW, MR4);  // tile rows of V and Mt (padded for the last strip)
+  // Tiles per group: V and Mt of a group within AOTC_WINO_BYTES, a multiple of MR (of MR / 4 at least).
+  const int64_t tile_bytes = (int64_t)AA * (CP + NB) * (int64_t)sizeof(T);
+  int64_t G = aotc_mm_min(AOTC_WINO_BYTES / tile_bytes, TR * TW);
+  G = G >= MR ? G / MR * MR : aotc_roundup(aotc_wino_max(G, 1), MR4);
   const bool nested = aotc_conv_nested();
   const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
-  const int64_t vsz = AA * TT * CP, msz = AA * TT * NB, osz = TR * M * s.OW * NB;
-  const int64_t per = aotc_roundup(vsz + msz + osz, 64 / (int64_t)sizeof(T));
+  // Position strides of V and Mt: an odd number of cache lines, so that the A * A rows of one tile do not
+  // fall into a few cache sets (strides of a multiple of 1 KiB put the 36 in four).
+  constexpr int64_t LINE = 64 / (int64_t)sizeof(T);
+  auto odd_lines = [&](int64_t e) { e = aotc_roundup(e, LINE); return e / LINE % 2 ? e : e + LINE; };
+  const int64_t vps = odd_lines(G * CP), mps = odd_lines(G * NB);
+  const int64_t vsz = AA * vps, msz = AA * mps, osz = TR * M * s.OW * NB;
+  const int64_t per = aotc_roundup(vsz + msz + osz, LINE);
   const aotc_conv_bufs<T> bufs(per, nthreads, 1, nested);
   T* const ws_all = bufs.ws;
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
@@ -166,75 +176,76 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
     const int64_t oh0 = th0 * M, rows = aotc_mm_min(s.OH - oh0, ntr * M);
     const int64_t o0 = oi * NB, obw = aotc_mm_min(s.O - o0, NB), nbp = aotc_roundup(obw, NR);
     const T* xn = xt + xs.off + n * xs.s0;
-    // Input transform: tile t = (tr, tw) reads input rows oh0 + tr * M - ph + [0, A), columns tw * M - pw + [0, A).
-    for (int64_t t = 0; t < nt; ++t) {
-      const int64_t ih0 = oh0 + (t / TW) * M - s.ph, iw0 = (t % TW) * M - s.pw;
-      const bool inside = ih0 >= 0 && ih0 + A <= s.H && iw0 >= 0 && iw0 + A <= s.W;
-      for (int64_t c = 0; c < CP; c += L) {
-        const int64_t nc = aotc_mm_min((int64_t)CIN - c, (int64_t)L);
-        V d[AA], u[AA];
-        if (inside && nc == L) {
+    for (int64_t g0 = 0; g0 < nt; g0 += G) {
+      const int64_t ng = aotc_mm_min(G, nt - g0), ngp = aotc_roundup(ng, MR4);
+      // Input transform: tile t = (tr, tw) reads input rows oh0 + tr * M - ph + [0, A), columns tw * M - pw + [0, A).
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t t = g0 + g, ih0 = oh0 + (t / TW) * M - s.ph, iw0 = (t % TW) * M - s.pw;
+        const bool inside = ih0 >= 0 && ih0 + A <= s.H && iw0 >= 0 && iw0 + A <= s.W;
+        for (int64_t c = 0; c < CP; c += L) {
+          const int64_t nc = aotc_mm_min((int64_t)CIN - c, (int64_t)L);
+          V d[AA], u[AA];
+          if (inside && nc == L) {
 #pragma GCC unroll 8
-          for (int i = 0; i < A; ++i)
+            for (int i = 0; i < A; ++i)
 #pragma GCC unroll 8
-            for (int j = 0; j < A; ++j) memcpy(&d[i * A + j], xn + (ih0 + i) * xs.s2 + (iw0 + j) * CIN + c, sizeof(V));
-        } else {
-          for (int i = 0; i < A; ++i)
-            for (int j = 0; j < A; ++j) {
-              const int64_t ih = ih0 + i, iw = iw0 + j;
-              d[i * A + j] = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W
-                                 ? aotc_wino_load<T, V>(xn + ih * xs.s2 + iw * CIN + c, nc)
-                                 : V{};
-            }
+              for (int j = 0; j < A; ++j) memcpy(&d[i * A + j], xn + (ih0 + i) * xs.s2 + (iw0 + j) * CIN + c, sizeof(V));
+          } else {
+            for (int i = 0; i < A; ++i)
+              for (int j = 0; j < A; ++j) {
+                const int64_t ih = ih0 + i, iw = iw0 + j;
+                d[i * A + j] = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W
+                                   ? aotc_wino_load<T, V>(xn + ih * xs.s2 + iw * CIN + c, nc)
+                                   : V{};
+              }
+          }
+#pragma GCC unroll 8
+          for (int j = 0; j < A; ++j) TF::in(d + j, u + j, A, A);  // columns: u = B^T d
+#pragma GCC unroll 8
+          for (int i = 0; i < A; ++i) TF::in(u + i * A, d + i * A, 1, 1);  // rows: d = u B
+          T* dst = vb + g * CP + c;
+#pragma GCC unroll 36
+          for (int p = 0; p < AA; ++p) memcpy(dst + p * vps, &d[p], sizeof(V));
         }
-#pragma GCC unroll 8
-        for (int j = 0; j < A; ++j) TF::in(d + j, u + j, A, A);  // columns: u = B^T d
-#pragma GCC unroll 8
-        for (int i = 0; i < A; ++i) TF::in(u + i * A, d + i * A, 1, 1);  // rows: d = u B
-        T* dst = vb + t * CP + c;
-#pragma GCC unroll 36
-        for (int p = 0; p < AA; ++p) memcpy(dst + p * TT * CP, &d[p], sizeof(V));
       }
-    }
-    const int64_t ntp = aotc_roundup(nt, MR4);
-    for (int64_t t = nt; t < ntp; ++t)  // padded rows the last strip reads: zeros, not stale NaNs
-      for (int p = 0; p < AA; ++p) memset(vb + p * TT * CP + t * CP, 0, sizeof(T) * CP);
-    // One GEMM per position: Mt[p][t][:] = V[p][t][:] x U[p] over this block's panels, in strips of MR
-    // tiles (the last ones MR / 2 or MR / 4).
-    for (int p = 0; p < AA; ++p) {
-      const T* vp = vb + p * TT * CP;
-      T* mp = mb + p * TT * NB;
-      for (int64_t js = 0; js < nbp; js += NR) {
-        const T* bp = wp + ((o0 + js) / NR) * AA * CIN * NR + p * CIN * NR;
-        int64_t t0 = 0;
-        for (; t0 + MR <= ntp; t0 += MR) aotc_wino_micro<T, MR, NV, CP, CIN>(vp + t0 * CP, bp, mp + t0 * NB + js, NB);
-        for (; t0 + MR2 <= ntp; t0 += MR2) aotc_wino_micro<T, MR2, NV, CP, CIN>(vp + t0 * CP, bp, mp + t0 * NB + js, NB);
-        for (; t0 < ntp; t0 += MR4) aotc_wino_micro<T, MR4, NV, CP, CIN>(vp + t0 * CP, bp, mp + t0 * NB + js, NB);
+      for (int64_t g = ng; g < ngp; ++g)  // padded rows the last strip reads: zeros, not stale NaNs
+        for (int p = 0; p < AA; ++p) memset(vb + p * vps + g * CP, 0, sizeof(T) * CP);
+      // One GEMM per position: Mt[p][g][:] = V[p][g][:] x U[p] over this block's panels, in strips of MR
+      // tiles (the last ones MR / 2 or MR / 4).
+      for (int p = 0; p < AA; ++p) {
+        const T* vp = vb + p * vps;
+        T* mp = mb + p * mps;
+        for (int64_t js = 0; js < nbp; js += NR) {
+          const T* bp = wp + ((o0 + js) / NR) * AA * CIN * NR + p * CIN * NR;
+          int64_t g = 0;
+          for (; g + MR <= ngp; g += MR) aotc_wino_micro<T, MR, NV, CP, CIN>(vp + g * CP, bp, mp + g * NB + js, NB);
+          for (; g + MR2 <= ngp; g += MR2) aotc_wino_micro<T, MR2, NV, CP, CIN>(vp + g * CP, bp, mp + g * NB + js, NB);
+          for (; g < ngp; g += MR4) aotc_wino_micro<T, MR4, NV, CP, CIN>(vp + g * CP, bp, mp + g * NB + js, NB);
+        }
       }
-    }
-    // Output transform into the band's tile: pixel (oh0 + r, ow) at ob[(r * OW + ow) * nbp + :].
-    for (int64_t t = 0; t < nt; ++t) {
-      const int64_t r0 = (t / TW) * M, w0 = (t % TW) * M;
-      const int64_t mr = aotc_mm_min((int64_t)M, rows - r0), mc = aotc_mm_min((int64_t)M, s.OW - w0);
-      if (mr <= 0) continue;
-      for (int64_t j = 0; j < nbp; j += L) {
-        V m[AA], u[M * A], o[M * M];
-        const T* src = mb + t * NB + j;
+      // Output transform into the band's tile: pixel (oh0 + r, ow) at ob[(r * OW + ow) * nbp + :].
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t t = g0 + g, r0 = (t / TW) * M, w0 = (t % TW) * M;
+        const int64_t mr = aotc_mm_min((int64_t)M, rows - r0), mc = aotc_mm_min((int64_t)M, s.OW - w0);
+        for (int64_t j = 0; j < nbp; j += L) {
+          V m[AA], u[M * A], o[M * M];
+          const T* src = mb + g * NB + j;
 #pragma GCC unroll 36
-        for (int p = 0; p < AA; ++p) memcpy(&m[p], src + p * TT * NB, sizeof(V));
+          for (int p = 0; p < AA; ++p) memcpy(&m[p], src + p * mps, sizeof(V));
 #pragma GCC unroll 8
-        for (int c = 0; c < A; ++c) TF::out(m + c, u + c, A, A);  // columns: u = A^T m (M x A)
+          for (int c = 0; c < A; ++c) TF::out(m + c, u + c, A, A);  // columns: u = A^T m (M x A)
 #pragma GCC unroll 8
-        for (int r = 0; r < M; ++r) TF::out(u + r * A, o + r * M, 1, 1);  // rows: o = u A (M x M)
-        T* dst = ob + (r0 * s.OW + w0) * nbp + j;
-        if (mr == M && mc == M) {
+          for (int r = 0; r < M; ++r) TF::out(u + r * A, o + r * M, 1, 1);  // rows: o = u A (M x M)
+          T* dst = ob + (r0 * s.OW + w0) * nbp + j;
+          if (mr == M && mc == M) {
 #pragma GCC unroll 4
-          for (int r = 0; r < M; ++r)
+            for (int r = 0; r < M; ++r)
 #pragma GCC unroll 4
-            for (int c = 0; c < M; ++c) memcpy(dst + (r * s.OW + c) * nbp, &o[r * M + c], sizeof(V));
-        } else {
-          for (int64_t r = 0; r < mr; ++r)
-            for (int64_t c = 0; c < mc; ++c) memcpy(dst + (r * s.OW + c) * nbp, &o[r * M + c], sizeof(V));
+              for (int c = 0; c < M; ++c) memcpy(dst + (r * s.OW + c) * nbp, &o[r * M + c], sizeof(V));
+          } else {
+            for (int64_t r = 0; r < mr; ++r)
+              for (int64_t c = 0; c < mc; ++c) memcpy(dst + (r * s.OW + c) * nbp, &o[r * M + c], sizeof(V));
+          }
         }
       }
     }
