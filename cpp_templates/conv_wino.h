@@ -152,10 +152,14 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
   while (TR > 1 && ntasks() < want) TR = (TR + 1) / 2;
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t bands = (TH + TR - 1) / TR, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
-  // Tiles per group: V and Mt of a group within AOTC_WINO_BYTES, a multiple of MR (of MR / 4 at least).
+  // Tiles per group: V and Mt of a group within AOTC_WINO_BYTES, but at least 2 C NB / (C + NB) -- each
+  // group reads the whole U of its channel block once, and with fewer tiles than that those reads outweigh
+  // V's and Mt's (128 channels in groups of 3 tiles ran at half the speed of whole bands); a multiple of
+  // MR (of MR / 4 when the band has fewer tiles), the band's tiles at most.
   const int64_t tile_bytes = (int64_t)AA * (CP + NB) * (int64_t)sizeof(T);
-  int64_t G = aotc_mm_min(AOTC_WINO_BYTES / tile_bytes, TR * TW);
-  G = G >= MR ? G / MR * MR : aotc_roundup(aotc_wino_max(G, 1), MR4);
+  int64_t G = aotc_wino_max(AOTC_WINO_BYTES / tile_bytes, 2 * s.C * NB / (s.C + NB));
+  G = G >= MR ? aotc_roundup(G, MR) : aotc_roundup(aotc_wino_max(G, 1), MR4);
+  G = aotc_mm_min(G, aotc_roundup(TR * TW, MR4));
   const bool nested = aotc_conv_nested();
   const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
   // Position strides of V and Mt: an odd number of cache lines, so that the A * A rows of one tile do not
