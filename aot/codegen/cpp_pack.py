@@ -2,7 +2,8 @@
 
 What it is: ``pack_plan`` (a pure rewrite of a Plan for one CPU level: every matmul whose B operand is a
 weight seen through a constant view, and every fp32 conv with one group over a constant weight, reads a
-new packed weight instead) and ``pack_array`` (the packed
+new packed weight instead; a 3x3 stride-1 conv that ``wino_choice`` picks reads its weight's Winograd
+transform, for conv_wino.h) and ``pack_array`` (the packed
 values, computed from the weight's values by the builder, or by tests from random weights). The packed
 tensors go into the CPU target's own safetensors member; the library takes them after the manifest's
 weights, so loading them is a mmap like any weight, and no call repacks a panel.
@@ -70,13 +71,14 @@ def wino_choice(k: K.Conv) -> tuple[int, str]:
     """The Winograd tile (4 or 2; 0: the direct kernel) for a packable fp32 conv, and why.
 
     Note: F(4x4, 3x3) does a quarter of the direct conv's multiplies, F(2x2, 3x3) 1/2.25, but the
-    transformed weight is 4x (36 positions) or 1.8x (16) the size of the direct one, read once per image
-    band: with few tiles per image and many channels (ResNet's 7x7 and 14x14 stages) the GEMMs stream
-    weights rather than compute. Rule, measured with conv_wino.h against conv.h's direct kernel (2
-    threads, AVX-512, batch 1 and 4): F(4x4) when an image's 4x4 tiles x 1024 exceed C_in x C_out (28x28 at
-    128 channels: 1.6x faster; 14x14 at 256: 0.8x), else F(2x2) when its 2x2 tiles x 2304 (1024 x 36 / 16)
-    do (14x14 at 128 and 256 channels: 1.0-1.5x), else direct (7x7 at 512: F(2x2) 0.7x). Fewer than 16
-    channels (a stem's 3) keep the direct kernel: the transforms would cost more than the GEMMs save."""
+    transformed weight is 4x (36 positions) or 1.8x (16) the size of the direct one and is read once per
+    group of tiles: with few tiles per image and many channels (ResNet's 7x7 and 14x14 stages) the GEMMs
+    stream weights rather than compute. Rule, measured with conv_wino.h against conv.h's direct kernel (2
+    threads, batch 1 and 4, AVX-512 and AVX2): F(4x4) when an image's 4x4 tiles x 1024 exceed C_in x C_out
+    (the CNN's 16, 32 and 64 channels at 112, 56 and 28 pixels: 1.6-2.6x faster; 28x28 at 128: 1.5-2.4x;
+    14x14 at 256: 0.8x), else F(2x2) when its 2x2 tiles x 2304 (1024 x 36 / 16) do (14x14 at 128 and 256
+    channels: 1.0-1.8x), else direct (7x7 at 512: F(2x2) 0.3-0.9x). Fewer than 16 channels keep the direct
+    kernel (a stem's 3 would fill 3 of the transforms' 16 lanes; not measured)."""
     if k.kernel != (3, 3) or k.stride != (1, 1) or k.dilation != (1, 1) or k.groups != 1:
         return 0, "direct: not a 3x3 conv at stride 1"
     if k.c_in < WINO_MIN_CHANNELS or k.c_out < WINO_MIN_CHANNELS:
