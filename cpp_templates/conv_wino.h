@@ -172,20 +172,24 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
   const aotc_conv_bufs<T> bufs(per, nthreads, 1, nested);
   T* const ws_all = bufs.ws;
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
+    // Locals, not the captures: the stores below could alias what a reference points at, and every
+    // address would reload its stride through the closure.
+    const int64_t vps_ = vps, mps_ = mps, OW = s.OW, H = s.H, W = s.W, sxh = xs.s2;
+    const int64_t tw = TW, nb = NB, gs = G, ph = s.ph, pw = s.pw;
     T* const vb = ws_all + (int64_t)slot * per;
     T* const mb = vb + vsz;
     T* const ob = mb + msz;
     const int64_t n = task / (bands * oblocks), band = task / oblocks % bands, oi = task % oblocks;
-    const int64_t th0 = band * TR, ntr = aotc_mm_min(TH - th0, TR), nt = ntr * TW;
+    const int64_t th0 = band * TR, ntr = aotc_mm_min(TH - th0, TR), nt = ntr * tw;
     const int64_t oh0 = th0 * M, rows = aotc_mm_min(s.OH - oh0, ntr * M);
-    const int64_t o0 = oi * NB, obw = aotc_mm_min(s.O - o0, NB), nbp = aotc_roundup(obw, NR);
+    const int64_t o0 = oi * nb, obw = aotc_mm_min(s.O - o0, nb), nbp = aotc_roundup(obw, NR);
     const T* xn = xt + xs.off + n * xs.s0;
-    for (int64_t g0 = 0; g0 < nt; g0 += G) {
-      const int64_t ng = aotc_mm_min(G, nt - g0), ngp = aotc_roundup(ng, MR4);
+    for (int64_t g0 = 0; g0 < nt; g0 += gs) {
+      const int64_t ng = aotc_mm_min(gs, nt - g0), ngp = aotc_roundup(ng, MR4);
       // Input transform: tile t = (tr, tw) reads input rows oh0 + tr * M - ph + [0, A), columns tw * M - pw + [0, A).
       for (int64_t g = 0; g < ng; ++g) {
-        const int64_t t = g0 + g, ih0 = oh0 + (t / TW) * M - s.ph, iw0 = (t % TW) * M - s.pw;
-        const bool inside = ih0 >= 0 && ih0 + A <= s.H && iw0 >= 0 && iw0 + A <= s.W;
+        const int64_t t = g0 + g, ih0 = oh0 + (t / tw) * M - ph, iw0 = (t % tw) * M - pw;
+        const bool inside = ih0 >= 0 && ih0 + A <= H && iw0 >= 0 && iw0 + A <= W;
         for (int64_t c = 0; c < CP; c += L) {
           const int64_t nc = aotc_mm_min((int64_t)CIN - c, (int64_t)L);
           V d[AA], u[AA];
@@ -193,13 +197,13 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
 #pragma GCC unroll 8
             for (int i = 0; i < A; ++i)
 #pragma GCC unroll 8
-              for (int j = 0; j < A; ++j) memcpy(&d[i * A + j], xn + (ih0 + i) * xs.s2 + (iw0 + j) * CIN + c, sizeof(V));
+              for (int j = 0; j < A; ++j) memcpy(&d[i * A + j], xn + (ih0 + i) * sxh + (iw0 + j) * CIN + c, sizeof(V));
           } else {
             for (int i = 0; i < A; ++i)
               for (int j = 0; j < A; ++j) {
                 const int64_t ih = ih0 + i, iw = iw0 + j;
-                d[i * A + j] = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W
-                                   ? aotc_wino_load<T, V>(xn + ih * xs.s2 + iw * CIN + c, nc)
+                d[i * A + j] = ih >= 0 && ih < H && iw >= 0 && iw < W
+                                   ? aotc_wino_load<T, V>(xn + ih * sxh + iw * CIN + c, nc)
                                    : V{};
               }
           }
@@ -209,46 +213,46 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
           for (int i = 0; i < A; ++i) TF::in(u + i * A, d + i * A, 1, 1);  // rows: d = u B
           T* dst = vb + g * CP + c;
 #pragma GCC unroll 36
-          for (int p = 0; p < AA; ++p) memcpy(dst + p * vps, &d[p], sizeof(V));
+          for (int p = 0; p < AA; ++p) memcpy(dst + p * vps_, &d[p], sizeof(V));
         }
       }
       for (int64_t g = ng; g < ngp; ++g)  // padded rows the last strip reads: zeros, not stale NaNs
-        for (int p = 0; p < AA; ++p) memset(vb + p * vps + g * CP, 0, sizeof(T) * CP);
+        for (int p = 0; p < AA; ++p) memset(vb + p * vps_ + g * CP, 0, sizeof(T) * CP);
       // One GEMM per position: Mt[p][g][:] = V[p][g][:] x U[p] over this block's panels, in strips of MR
       // tiles (the last ones MR / 2 or MR / 4).
       for (int p = 0; p < AA; ++p) {
-        const T* vp = vb + p * vps;
-        T* mp = mb + p * mps;
+        const T* vp = vb + p * vps_;
+        T* mp = mb + p * mps_;
         for (int64_t js = 0; js < nbp; js += NR) {
           const T* bp = wp + ((o0 + js) / NR) * AA * CIN * NR + p * CIN * NR;
           int64_t g = 0;
-          for (; g + MR <= ngp; g += MR) aotc_wino_micro<T, MR, NV, CP, CIN>(vp + g * CP, bp, mp + g * NB + js, NB);
-          for (; g + MR2 <= ngp; g += MR2) aotc_wino_micro<T, MR2, NV, CP, CIN>(vp + g * CP, bp, mp + g * NB + js, NB);
-          for (; g < ngp; g += MR4) aotc_wino_micro<T, MR4, NV, CP, CIN>(vp + g * CP, bp, mp + g * NB + js, NB);
+          for (; g + MR <= ngp; g += MR) aotc_wino_micro<T, MR, NV, CP, CIN>(vp + g * CP, bp, mp + g * nb + js, nb);
+          for (; g + MR2 <= ngp; g += MR2) aotc_wino_micro<T, MR2, NV, CP, CIN>(vp + g * CP, bp, mp + g * nb + js, nb);
+          for (; g < ngp; g += MR4) aotc_wino_micro<T, MR4, NV, CP, CIN>(vp + g * CP, bp, mp + g * nb + js, nb);
         }
       }
       // Output transform into the band's tile: pixel (oh0 + r, ow) at ob[(r * OW + ow) * nbp + :].
       for (int64_t g = 0; g < ng; ++g) {
-        const int64_t t = g0 + g, r0 = (t / TW) * M, w0 = (t % TW) * M;
-        const int64_t mr = aotc_mm_min((int64_t)M, rows - r0), mc = aotc_mm_min((int64_t)M, s.OW - w0);
+        const int64_t t = g0 + g, r0 = (t / tw) * M, w0 = (t % tw) * M;
+        const int64_t mr = aotc_mm_min((int64_t)M, rows - r0), mc = aotc_mm_min((int64_t)M, OW - w0);
         for (int64_t j = 0; j < nbp; j += L) {
           V m[AA], u[M * A], o[M * M];
-          const T* src = mb + g * NB + j;
+          const T* src = mb + g * nb + j;
 #pragma GCC unroll 36
-          for (int p = 0; p < AA; ++p) memcpy(&m[p], src + p * mps, sizeof(V));
+          for (int p = 0; p < AA; ++p) memcpy(&m[p], src + p * mps_, sizeof(V));
 #pragma GCC unroll 8
           for (int c = 0; c < A; ++c) TF::out(m + c, u + c, A, A);  // columns: u = A^T m (M x A)
 #pragma GCC unroll 8
           for (int r = 0; r < M; ++r) TF::out(u + r * A, o + r * M, 1, 1);  // rows: o = u A (M x M)
-          T* dst = ob + (r0 * s.OW + w0) * nbp + j;
+          T* dst = ob + (r0 * OW + w0) * nbp + j;
           if (mr == M && mc == M) {
 #pragma GCC unroll 4
             for (int r = 0; r < M; ++r)
 #pragma GCC unroll 4
-              for (int c = 0; c < M; ++c) memcpy(dst + (r * s.OW + c) * nbp, &o[r * M + c], sizeof(V));
+              for (int c = 0; c < M; ++c) memcpy(dst + (r * OW + c) * nbp, &o[r * M + c], sizeof(V));
           } else {
             for (int64_t r = 0; r < mr; ++r)
-              for (int64_t c = 0; c < mc; ++c) memcpy(dst + (r * s.OW + c) * nbp, &o[r * M + c], sizeof(V));
+              for (int64_t c = 0; c < mc; ++c) memcpy(dst + (r * OW + c) * nbp, &o[r * M + c], sizeof(V));
           }
         }
       }
