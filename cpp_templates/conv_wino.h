@@ -8,13 +8,16 @@
 // positions, 2.25x). The weight is transformed at build time (aot/codegen/cpp_pack.py): U = G g G^T per
 // (output, input channel), packed like the direct conv's weight into panels [ceil(O / NR)][A * A * C][NR]
 // with k = pos * C + c (pos = row * A + column of the A x A transformed tile), NR = NV vectors. CIN = C.
-// One task is (image, band of output rows, block of output channels): the band's input tiles are
-// transformed into V[pos][tile][CP] (CP: C rounded up to a vector; the channels are the vector lanes), one
-// small GEMM per position multiplies them into Mt[pos][tile][NB] (a register-blocked micro-kernel whose
-// broadcasts sit at compile-time offsets of one pointer), and the output transform writes the band's
-// pixels into the tile the epilogue reads. Bands are sized so that V and Mt stay in L2 (AOTC_WINO_BYTES).
-// Points 0, +-1, +-2 and infinity (Lavin & Gray); fp32 errors stay within a few ulps of the output scale
-// times the kernel's sum of |products| (tests/test_cpp_conv.py checks them against eager torch).
+// One task is (image, band of output rows, block of output channels), on the pool the other kernels use;
+// its tiles go in groups: a group's input tiles are transformed into V[pos][tile][CP] (CP: C rounded up
+// to a vector; the channels are the vector lanes), one small GEMM per position multiplies them into
+// Mt[pos][tile][NB] (a register-blocked micro-kernel whose broadcasts sit at compile-time offsets of one
+// pointer), and the output transform writes the group's pixels into the band's tile, which the epilogue
+// reads once at the end. Groups keep V and Mt near L1 (AOTC_WINO_BYTES) but hold enough tiles to amortise
+// reading U; bands keep their output tile in L2 (AOTC_WINO_BAND_BYTES).
+// Points 0, +-1, +-2 and infinity (Lavin & Gray). fp32 errors: about 1e-6 of an output's sum of |products|
+// for F(4x4) (some 10x the direct conv's), 1e-7 for F(2x2) (the self-test below; tests/test_cpp_conv.py
+// checks whole models against eager torch).
 // Input in another layout or dtype is copied to channels-last first, as aotc_conv2d_packed does.
 #ifndef AOTC_CONV_WINO_H
 #define AOTC_CONV_WINO_H
