@@ -37,27 +37,33 @@ static inline int64_t aotc_wino_max(int64_t a, int64_t b) { return a > b ? a : b
 template <int M>
 struct aotc_wino_tf;
 
+// k * a + c with one rounding: explicit, as the packages build with -ffp-contract=off.
+template <class V>
+static inline V aotc_wino_fma(V a, float k, V c) {
+  return aotc_vfma(a, V{} + k, c);
+}
+
 template <>
 struct aotc_wino_tf<4> {
   static constexpr int A = 6;
   template <class V>
   static inline void in(const V* d, V* t, int sd, int st) {
     const V d0 = d[0], d1 = d[sd], d2 = d[2 * sd], d3 = d[3 * sd], d4 = d[4 * sd], d5 = d[5 * sd];
-    const V a = d4 - 4 * d2, b = d3 - 4 * d1, c = d4 - d2, e = 2 * (d3 - d1);
-    t[0] = 4 * d0 - 5 * d2 + d4;
+    const V a = aotc_wino_fma(d2, -4.0f, d4), b = aotc_wino_fma(d1, -4.0f, d3), c = d4 - d2, e = d3 - d1;
+    t[0] = aotc_wino_fma(d0, 4.0f, aotc_wino_fma(d2, -5.0f, d4));
     t[st] = a + b;
     t[2 * st] = a - b;
-    t[3 * st] = c + e;
-    t[4 * st] = c - e;
-    t[5 * st] = 4 * d1 - 5 * d3 + d5;
+    t[3 * st] = aotc_wino_fma(e, 2.0f, c);
+    t[4 * st] = aotc_wino_fma(e, -2.0f, c);
+    t[5 * st] = aotc_wino_fma(d1, 4.0f, aotc_wino_fma(d3, -5.0f, d5));
   }
   template <class V>
   static inline void out(const V* m, V* o, int sm, int so) {
     const V s1 = m[sm] + m[2 * sm], d1 = m[sm] - m[2 * sm], s2 = m[3 * sm] + m[4 * sm], d2 = m[3 * sm] - m[4 * sm];
     o[0] = m[0] + s1 + s2;
-    o[so] = d1 + 2 * d2;
-    o[2 * so] = s1 + 4 * s2;
-    o[3 * so] = d1 + 8 * d2 + m[5 * sm];
+    o[so] = aotc_wino_fma(d2, 2.0f, d1);
+    o[2 * so] = aotc_wino_fma(s2, 4.0f, s1);
+    o[3 * so] = aotc_wino_fma(d2, 8.0f, d1 + m[5 * sm]);
   }
 };
 
