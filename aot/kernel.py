@@ -268,6 +268,9 @@ class Conv(_Facts):
     # [ceil(c_out / NR)][kh * kw * c_in][NR] of fp32 (k = (kh * KW + kw) * c_in + c), ``w.strides`` (NR, 1, 0, 0).
     packed: bool = False
     pool: Pool | None = None
+    # With ``packed``: 2 or 4 when ``w`` holds the Winograd transform of the weight for F(wino x wino, 3x3)
+    # instead (cpp_pack.py; panels [ceil(c_out / NR)][(wino + 2)^2 * c_in][NR]), 0 for the direct conv.
+    wino: int = 0
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,11 @@ CASES = [
     OpCase("conv_depthwise_stride", lambda: nn.Conv2d(24, 24, 3, stride=2, padding=1, groups=24, bias=False),
            lambda b: (r(b, 24, 9, 9),)),  # fmt: skip
     OpCase("conv_depthwise_7x7", lambda: nn.Conv2d(16, 16, 7, padding=3, groups=16), lambda b: (r(b, 16, 8, 8),)),
+    # 3x3 stride-1 convs the CPU build runs as Winograd F(4x4) (codegen/cpp_pack.py's wino_choice, conv_wino.h):
+    # sizes off the 4x4 tile, a residual epilogue, channels that fill no vector, no padding
+    OpCase("conv3x3_wino_residual", lambda: Fn(lambda m, x: F.relu(F.conv2d(x, m.w, m.b, padding=1) + x), w=r(20, 20, 3, 3) * 0.2,
+                                               b=r(20)), lambda b: (r(b, 20, 9, 11),)),  # fmt: skip
+    OpCase("conv3x3_wino_nopad", lambda: nn.Conv2d(17, 24, 3), lambda b: (r(b, 17, 10, 7),)),
     OpCase("resnet_bottleneck", lambda: Bottleneck(16, 16, 32, stride=2), lambda b: (r(b, 3, 17, 17),)),
     OpCase("mobilenet_block", lambda: InvertedResidual(16, 4), lambda b: (r(b, 16, 7, 7),)),
     OpCase("maxpool", lambda: nn.MaxPool2d(3, 2, 1), lambda b: (r(b, 3, 11, 11),)),

@@ -14,7 +14,7 @@ import torch
 from aotc_build import kernel as K
 from aotc_build.build import build_captured, compile_graph
 from aotc_build.capture import capture_module
-from aotc_build.codegen.cpp_pack import PANEL, Packing, conv_panel, pack_array, pack_plan
+from aotc_build.codegen.cpp_pack import PANEL, WINO_G, Packing, conv_panel, pack_array, pack_plan
 from aotc_build.ir import DType, Op
 from aotc_build.options import BuildOptions, Target
 from op_cases import random_bn
@@ -146,13 +146,14 @@ def test_depthwise_forms_match_eager(level: str, tmp_path: Path, aotc_cache: Pat
 
 class PoolNet(nn.Module):
     """Max-pools after convs, each fused into its conv (codegen/cpp_pool.py, conv_pool.h): a stem over the
-    NCHW input (conv, batch-norm, ReLU, 3x3/2 pool padded 1, odd sizes), a conv with a bias and 20 output
-    channels (a padded panel) under a 2x2/2 pool, and one too narrow for the row kernel (the fallback)."""
+    NCHW input (conv, batch-norm, ReLU, 3x3/2 pool padded 1, odd sizes), a strided conv with a bias and 20
+    output channels (a padded panel) under a 2x2/2 pool, and one too narrow for the row kernel (the
+    fallback). (A 3x3 stride-1 conv of 16 channels would take Winograd instead, and its pool stay apart.)"""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), random_bn(16), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
-        self.mid = nn.Sequential(nn.Conv2d(16, 20, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2, 2))
+        self.mid = nn.Sequential(nn.Conv2d(16, 20, 3, 2, 1), nn.ReLU(), nn.MaxPool2d(2, 2))
         self.narrow = nn.Sequential(nn.Conv2d(20, 8, 3, 1, 1), nn.MaxPool2d(3, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -203,3 +204,67 @@ def test_monotone_pre() -> None:
     assert not monotone(K.Binary(Op.SUB, c(1.0), acc, f32))
     assert not monotone(K.Binary(Op.MUL, acc, K.Load("w", K.Index(K.loop_var("i", 1), DType.i64), f32), f32))
     assert not monotone(K.Unary(Op.NEG, acc, f32))
+
+
+class WinoNet(nn.Module):
+    """3x3 stride-1 convs that take Winograd (cpp_pack.py's wino_choice, conv_wino.h): F(4x4) with batch-norm
+    and ReLU over sizes off the tile (13 x 11), a residual block's second conv (bias, residual add, ReLU),
+    channels that fill no vector (20 -> 37), no padding, and F(2x2) (128 channels over 6x6 outputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(16, 20, 3, 1, 1, bias=False), random_bn(20), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(20, 20, 3, 1, 1, bias=False), random_bn(20))
+        self.c = nn.Conv2d(20, 37, 3, 1, 0)
+        self.d = nn.Conv2d(37, 128, 1)
+        self.e = nn.Conv2d(128, 128, 3, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        y = torch.relu(self.b(y) + y)
+        y = torch.nn.functional.max_pool2d(self.c(y), 2)  # 11 x 9 -> 5 x 4
+        return self.e(torch.relu(self.d(torch.nn.functional.pad(y, (1, 1, 0, 1)))))  # 6 x 6
+
+
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
+def test_winograd_convs_match_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
+    from aotc.cpu_features import cpu_level
+
+    order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+    if order.index(cpu_level()) < order.index(level):
+        pytest.skip(f"this CPU cannot run {level}")
+    torch.manual_seed(0)
+    model, x = WinoNet().eval(), torch.randn(2, 16, 13, 11)
+    cap = capture_module(model, (x,), {"x": {0: Dim("batch", min=1, max=8)}}, name="winonet")
+    _, plan, _ = compile_graph(cap, channels_last=True)
+    packed, _ = pack_plan(plan, level)
+    tiles = [k.wino for k in packed.kernels if isinstance(k, K.Conv) and k.kernel == (3, 3)]
+    assert tiles == [4, 4, 4, 2]
+    pkg = tmp_path / "winonet.pkg"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache)
+    m = aotc.load(pkg, device="cpu")
+    for batch in (1, 3):
+        torch.manual_seed(batch)
+        xb = torch.randn(batch, 16, 13, 11)
+        with torch.no_grad():
+            want = model(xb).numpy()
+        got = m(xb.numpy())
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6 * float(np.abs(want).max()))
+
+
+def test_pack_array_winograd_layout() -> None:
+    """Winograd weight: panel p, row k = pos * C + c, column o % NR = (G W[o, c] G^T)[pos // A, pos % A]."""
+    rng = np.random.default_rng(0)
+    o, c, nr = 5, 3, 4
+    w = rng.standard_normal((o, 3, 3, c)).astype(np.float32)  # stored [O, kh, kw, C] (passes/layout.py)
+    for m in (2, 4):
+        a = m + 2
+        p = Packing("w_packed", "w", 0, 0, 9 * c, 9 * c, o, nr, ((3, 3 * c), (3, c), (c, 1)), m)
+        got = pack_array(p, w)
+        assert got.shape == (2, a * a * c, nr)
+        g = WINO_G[m]
+        for oo in range(o):
+            for cc in range(c):
+                u = g @ w[oo, :, :, cc].astype(np.float64) @ g.T
+                np.testing.assert_allclose(got[oo // nr, cc::c, oo % nr], u.reshape(-1), rtol=1e-6, atol=1e-6)
+        assert not got[1, :, 1:].any()  # zero past O

@@ -430,6 +430,8 @@ def generate(prog: K.Plan, options: BuildOptions, interface: str | None = None) 
         headers.append("conv_dw.h" if blocks else "conv.h")
     if any(isinstance(k, K.Conv) and k.pool is not None for k in prog.kernels):
         headers.append("conv_pool.h")
+    if any(isinstance(k, K.Conv) and k.wino for k in prog.kernels):
+        headers.append("conv_wino.h")
     if "Attention" in uses:
         headers.append("attention.h")
     for h in headers:

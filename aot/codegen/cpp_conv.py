@@ -54,6 +54,8 @@ class ConvEmitter:
         if k.packed:
             nr = to_c(k.w.strides[0])
             self.w.line(f'static_assert({nr} * 4 % AOTC_VBYTES == 0, "conv weights packed for another vector width");')
+            if k.wino:  # the weight's Winograd transform (cpp_pack.py's wino_choice): conv_wino.h
+                return f"aotc_conv2d_wino<{at}, {k.wino}, {nr} * 4 / AOTC_VBYTES, {k.c_in}>(aotc_s, {x}, aotc_xs, {wt}, ", True
             step = k.stride[1] * k.c_in  # input elements between horizontally adjacent output pixels (NHWC)
             return f"aotc_conv2d_packed<{at}, {nr} * 4 / AOTC_VBYTES, {step}>(aotc_s, {x}, aotc_xs, {wt}, ", True
         if depthwise_nhwc(k):

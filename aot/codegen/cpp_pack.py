@@ -2,7 +2,8 @@
 
 What it is: ``pack_plan`` (a pure rewrite of a Plan for one CPU level: every matmul whose B operand is a
 weight seen through a constant view, and every fp32 conv with one group over a constant weight, reads a
-new packed weight instead) and ``pack_array`` (the packed
+new packed weight instead; a 3x3 stride-1 conv that ``wino_choice`` picks reads its weight's Winograd
+transform, for conv_wino.h) and ``pack_array`` (the packed
 values, computed from the weight's values by the builder, or by tests from random weights). The packed
 tensors go into the CPU target's own safetensors member; the library takes them after the manifest's
 weights, so loading them is a mmap like any weight, and no call repacks a panel.
@@ -18,6 +19,7 @@ vector of output channels (a ResNet stem's 16 channels would waste half of a two
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,6 +28,7 @@ import sympy
 from .. import kernel as K
 from ..ir import DType
 
+log = logging.getLogger("aotc.pack")
 PANEL = {"x86-64-v2": 8, "x86-64-v3": 16, "x86-64-v4": 32}  # AOTC_MM_NR_F32 at each level
 
 
@@ -44,10 +47,57 @@ class Packing:
     # a conv's k = (kh * KW + kw) * C + c walks several strides: (size, stride) pairs, outermost first,
     # that replace ``sk`` when given
     kdims: tuple[tuple[int, int], ...] = ()
+    # 2 or 4: a 3x3 conv's weight as its Winograd transform for F(wino x wino, 3x3) (``wino_weight``), whose
+    # k = pos * C + c over the (wino + 2)^2 positions replaces the kernel's taps
+    wino: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return (-(-self.n // self.nr), self.k, self.nr)
+        k = self.k // 9 * (self.wino + 2) ** 2 if self.wino else self.k
+        return (-(-self.n // self.nr), k, self.nr)
+
+
+# Winograd weight transforms G (points 0, 1, -1, 2, -2 and infinity; conv_wino.h has the matching B and A)
+WINO_G = {
+    2: np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]]),
+    4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                 [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
+}  # fmt: skip
+WINO_MIN_CHANNELS = 16  # input and output channels below which the direct kernel stays (see wino_choice)
+WINO_REUSE = 1024  # tiles per image x this must exceed C_in x C_out (see wino_choice)
+
+
+def wino_choice(k: K.Conv) -> tuple[int, str]:
+    """The Winograd tile (4 or 2; 0: the direct kernel) for a packable fp32 conv, and why.
+
+    Note: F(4x4, 3x3) does a quarter of the direct conv's multiplies, F(2x2, 3x3) 1/2.25, but the
+    transformed weight is 4x (36 positions) or 1.8x (16) the size of the direct one and is read once per
+    group of tiles: with few tiles per image and many channels (ResNet's 7x7 and 14x14 stages) the GEMMs
+    stream weights rather than compute. Rule, measured with conv_wino.h against conv.h's direct kernel (2
+    threads, batch 1 and 4, AVX-512 and AVX2): F(4x4) when an image's 4x4 tiles x 1024 exceed C_in x C_out
+    (the CNN's 16, 32 and 64 channels at 112, 56 and 28 pixels: 1.6-2.6x faster; 28x28 at 128: 1.5-2.4x;
+    14x14 at 256: 0.8x), else F(2x2) when its 2x2 tiles x 2304 (1024 x 36 / 16) do (14x14 at 128 and 256
+    channels: 1.0-1.8x), else direct (7x7 at 512: F(2x2) 0.3-0.9x). Fewer than 16 channels keep the direct
+    kernel (a stem's 3 would fill 3 of the transforms' 16 lanes; not measured)."""
+    if k.kernel != (3, 3) or k.stride != (1, 1) or k.dilation != (1, 1) or k.groups != 1:
+        return 0, "direct: not a 3x3 conv at stride 1"
+    if k.c_in < WINO_MIN_CHANNELS or k.c_out < WINO_MIN_CHANNELS:
+        return 0, f"direct: {k.c_in} -> {k.c_out} channels, fewer than {WINO_MIN_CHANNELS}"
+    oh, ow = (_int(e) for e in k.out_hw)
+    if oh is None or ow is None:
+        return 0, "direct: the output size is not known at build time"
+    pairs = k.c_in * k.c_out
+    for m, per in ((4, WINO_REUSE), (2, WINO_REUSE * 36 // 16)):
+        tiles = -(-oh // m) * -(-ow // m)
+        if tiles * per > pairs:
+            return m, f"F({m}x{m}, 3x3): {tiles} tiles an image at {k.c_in} -> {k.c_out} channels"
+    return 0, f"direct: {oh} x {ow} outputs too few for {k.c_in} -> {k.c_out} channels' transformed weights"
+
+
+def wino_weight(g: np.ndarray, m: int) -> np.ndarray:
+    """U[a, b, c, o] = (G g[:, :, c, o] G^T)[a, b] of a weight g[kh, kw, c, o], in float64."""
+    gm = WINO_G[m]
+    return np.einsum("ai,ijco,bj->abco", gm, g.astype(np.float64), gm)
 
 
 def _int(e: sympy.Expr | int) -> int | None:
@@ -121,10 +171,13 @@ def pack_plan(plan: K.Plan, level: str) -> tuple[K.Plan, list[Packing]]:
             cnr = conv_panel(k, level)
             off, so, kdims = cview
             kk = k.kernel[0] * k.kernel[1] * k.c_in
-            p = packing((k.w.buf, off, so, kdims, k.c_out, cnr), Packing("", k.w.buf, off, 0, so, kk, k.c_out, cnr, kdims))
+            m, why = wino_choice(k)
+            log.info("conv %s: %s", k.name, why)
+            proto = Packing("", k.w.buf, off, 0, so, kk, k.c_out, cnr, kdims, m)
+            p = packing((k.w.buf, off, so, kdims, k.c_out, cnr, m), proto)
             zero = sympy.Integer(0)
             w = K.Strided(p.name, zero, (sympy.Integer(cnr), sympy.Integer(1), zero, zero), DType.f32)
-            kernels.append(replace(k, w=w, packed=True))
+            kernels.append(replace(k, w=w, packed=True, wino=m))
         else:
             kernels.append(k)
     if not found:
@@ -148,10 +201,12 @@ def pack_array(p: Packing, weight: np.ndarray) -> np.ndarray:
     if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
         raise ValueError(f"packing {p.source}: the matmul's view reaches outside the weight")
     b = flat[idx]  # [K, N]
-    panels, _, nr = p.shape
-    out = np.zeros((p.k, panels * nr), np.float32)
+    panels, kk, nr = p.shape
+    if p.wino:  # k = (kh * 3 + kw) * C + c becomes pos * C + c
+        b = wino_weight(b.reshape(3, 3, -1, p.n), p.wino).reshape(kk, p.n).astype(np.float32)
+    out = np.zeros((kk, panels * nr), np.float32)
     out[:, : p.n] = b
-    return np.ascontiguousarray(out.reshape(p.k, panels, nr).transpose(1, 0, 2))
+    return np.ascontiguousarray(out.reshape(kk, panels, nr).transpose(1, 0, 2))
 
 
 def without(plan: K.Plan, names: set[str]) -> K.Plan:

@@ -137,7 +137,7 @@ def monotone(pre: K.Value) -> bool:
 
 def _fused(plan: K.Plan, conv: K.Kernel, red: K.Kernel) -> K.Conv | None:
     """``conv`` with ``red`` (the pool reading its output) fused in, or None where the pair does not fit."""
-    if not (isinstance(conv, K.Conv) and conv.packed and conv.pool is None and isinstance(red, K.Reduce)):
+    if not (isinstance(conv, K.Conv) and conv.packed and not conv.wino and conv.pool is None and isinstance(red, K.Reduce)):
         return None
     if len(conv.stores) != 1 or not isinstance(conv.stores[0].value, K.Acc) or red.row_stores or red.has_gather:
         return None
