@@ -99,3 +99,15 @@ def aotc_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
         Path(env).mkdir(parents=True, exist_ok=True)
         return Path(env)
     return tmp_path_factory.mktemp("aotc-cache")
+
+
+@pytest.fixture
+def cpu_runs() -> Callable[[str], None]:
+    """``cpu_runs(level)`` skips the test where this CPU cannot run code built for x86-64 ``level``."""
+    from aotc.cpu_features import LEVELS, cpu_level
+
+    def check(level: str) -> None:
+        if LEVELS.index(cpu_level()) < LEVELS.index(level):
+            pytest.skip(f"this CPU cannot run {level}")
+
+    return check

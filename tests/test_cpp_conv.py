@@ -5,6 +5,7 @@ widths) and two batch sizes through one package with a dynamic batch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import aotc
@@ -52,12 +53,8 @@ def _model() -> tuple[nn.Module, torch.Tensor]:
 
 
 @pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
-def test_conv_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
-    from aotc.cpu_features import cpu_level
-
-    order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
-    if order.index(cpu_level()) < order.index(level):
-        pytest.skip(f"this CPU cannot run {level}")
+def test_conv_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path, cpu_runs: Callable[[str], None]) -> None:
+    cpu_runs(level)
     model, x = _model()
     cap = capture_module(model, (x,), {"x": {0: Dim("batch", min=1, max=8)}}, name="convnet")
     pkg = tmp_path / "convnet.pkg"
@@ -126,12 +123,8 @@ class DepthwiseNet(nn.Module):
 
 
 @pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
-def test_depthwise_forms_match_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
-    from aotc.cpu_features import cpu_level
-
-    order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
-    if order.index(cpu_level()) < order.index(level):
-        pytest.skip(f"this CPU cannot run {level}")
+def test_depthwise_forms_match_eager(level: str, tmp_path: Path, aotc_cache: Path, cpu_runs: Callable[[str], None]) -> None:
+    cpu_runs(level)
     torch.manual_seed(0)
     model = DepthwiseNet().eval()
     x, z = torch.randn(2, 37, 13, 27), torch.randn(2, 32, 9, 5)
@@ -161,13 +154,10 @@ class PoolNet(nn.Module):
 
 
 @pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
-def test_pools_fused_into_convs_match_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
-    from aotc.cpu_features import cpu_level
+def test_pools_fused_into_convs_match_eager(level: str, tmp_path: Path, aotc_cache: Path, cpu_runs: Callable[[str], None]) -> None:
     from aotc_build.codegen.cpp_pool import fuse_pools, monotone
 
-    order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
-    if order.index(cpu_level()) < order.index(level):
-        pytest.skip(f"this CPU cannot run {level}")
+    cpu_runs(level)
     torch.manual_seed(0)
     model, x = PoolNet().eval(), torch.randn(2, 3, 45, 61)
     cap = capture_module(model, (x,), {"x": {0: Dim("batch", min=1, max=8)}}, name="poolnet")
@@ -227,12 +217,8 @@ class WinoNet(nn.Module):
 
 
 @pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
-def test_winograd_convs_match_eager(level: str, tmp_path: Path, aotc_cache: Path) -> None:
-    from aotc.cpu_features import cpu_level
-
-    order = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
-    if order.index(cpu_level()) < order.index(level):
-        pytest.skip(f"this CPU cannot run {level}")
+def test_winograd_convs_match_eager(level: str, tmp_path: Path, aotc_cache: Path, cpu_runs: Callable[[str], None]) -> None:
+    cpu_runs(level)
     torch.manual_seed(0)
     model, x = WinoNet().eval(), torch.randn(2, 16, 13, 11)
     cap = capture_module(model, (x,), {"x": {0: Dim("batch", min=1, max=8)}}, name="winonet")
