@@ -57,6 +57,18 @@
 #define AOTC_MM_A_L2 (1 << 18)  // AVX2 parts: 256 KiB-1 MiB of L2
 #endif
 #endif
+#ifndef AOTC_MM_B_L2
+#if defined(__AVX512F__)
+#define AOTC_MM_B_L2 (1 << 20)  // bytes of a build-time packed B that row tasks keep in each thread's L2
+#else
+#define AOTC_MM_B_L2 (1 << 18)
+#endif
+#endif
+#ifndef AOTC_MM_ROW_STRIPS
+// MR-row strips per row task at least (see aotc_mm_drive). 3 against 2 and 4 (2 threads, best-of wall):
+// 512 x 768 x 256 0.51 ms against 0.54 and 0.57, 512 x 1024 x 256 with GELU 0.71-0.75 against 0.76-0.84.
+#define AOTC_MM_ROW_STRIPS 3
+#endif
 #ifndef AOTC_MM_TASKS_PER_THREAD
 #define AOTC_MM_TASKS_PER_THREAD 16  // at least, when the columns allow (see aotc_mm_drive)
 #endif
@@ -406,17 +418,33 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   const int64_t most = aotc_pool_threads();
   // Tiles: rows up to MB, then columns up to NB, narrowed (in whole panels) until there are a few tasks
   // per thread that the work can pay for.
-  // Row blocks of equal height, each at most AOTC_MM_MB: every row block streams all of B once, so M = 128
-  // takes one block of 128, not 120 + 8 (two passes over the weights, the second for 8 rows).
-  const int64_t mblocks = (M + AOTC_MM_MB - 1) / AOTC_MM_MB;
-  const int64_t MB = aotc_roundup((M + mblocks - 1) / mblocks, MR);
   // Threads claim tasks one at a time, so a loop ends within one task of balanced: 16 tasks per thread
   // make that 1/32 of a call on 2 threads where 4 made it 1/8 (the MLP's 64 x 4096 x 4096 ran 8 tasks of
   // 512 columns). One thread gets no narrowing.
   const int64_t by_work = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD));
   const int64_t want = by_work > 1 ? by_work * AOTC_MM_TASKS_PER_THREAD : 1;
-  int64_t NB = aotc_mm_min(aotc_roundup(N, NR), AOTC_MM_NB);
-  while (NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
+  // Note (row tasks): a build-time packed B that fits in L2 (BERT's weights: 256-1024 x 256-1024) is split
+  // by rows only, each task a few strips of rows across all of N that packs its own rows of A. Each
+  // thread's L2 then holds all of B, and A is packed once, by the thread that uses it. The tiles of
+  // MB x NB below instead packed A in a pass of its own before the tasks, so that on 2 threads half the
+  // packed A was read from the other core's cache (and the pass itself scaled poorly): 512 x 256 x 1024
+  // scaled 1.6x from 1 to 2 threads, and 1.85x with no packing at all.
+  const bool row_tasks = !BSrc::packs && by_work > 1 && (double)N * (double)K * sizeof(T) <= AOTC_MM_B_L2 &&
+                         batch * M >= (int64_t)AOTC_MM_ROW_STRIPS * MR * by_work;
+  // Row blocks of equal height, each at most AOTC_MM_MB: every row block streams all of B once, so M = 128
+  // takes one block of 128, not 120 + 8 (two passes over the weights, the second for 8 rows). Row tasks
+  // take about ``want`` blocks, each of AOTC_MM_ROW_STRIPS strips at least (a B panel loaded to L1 serves
+  // them all).
+  int64_t mblocks = (M + AOTC_MM_MB - 1) / AOTC_MM_MB;
+  if (row_tasks) {
+    const int64_t per_batch = (want + batch - 1) / batch;
+    int64_t mb = aotc_roundup((M + per_batch - 1) / per_batch, MR);
+    mb = aotc_mm_min(mb < AOTC_MM_ROW_STRIPS * MR ? AOTC_MM_ROW_STRIPS * MR : mb, AOTC_MM_MB);
+    mblocks = (M + mb - 1) / mb;
+  }
+  const int64_t MB = aotc_roundup((M + mblocks - 1) / mblocks, MR);
+  int64_t NB = row_tasks ? aotc_roundup(N, NR) : aotc_mm_min(aotc_roundup(N, NR), AOTC_MM_NB);
+  while (!row_tasks && NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t nblocks = (N + NB - 1) / NB;
   const int64_t tasks = batch * mblocks * nblocks;
   const int64_t kc_max = K < KC ? (K > 0 ? K : 1) : KC, kslices = K > 0 ? (K + KC - 1) / KC : 0;
@@ -429,7 +457,8 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   // and the software prefetch reads the bytes right after), and a panel's tile columns stay in L1 over K.
   const int64_t ablocks = batch * mblocks;
   const bool a_fits = !BSrc::packs && (double)MB * (double)K * sizeof(T) <= AOTC_MM_A_L2;
-  const bool shared_a = (nblocks > 1 || a_fits) && (double)ablocks * (double)(MB * kc_max * kslices) * sizeof(T) <= 32e6;
+  const bool shared_a = !row_tasks && (nblocks > 1 || a_fits) &&
+                        (double)ablocks * (double)(MB * kc_max * kslices) * sizeof(T) <= 32e6;
   const bool panel_outer = a_fits && shared_a;
   const int64_t a_all = shared_a ? aotc_roundup(ablocks * MB * kc_max * kslices, 64 / sizeof(T)) : 0;
   // per-thread workspace: tile, packed A block, packed B panels (when B is not prepacked), in T elements
@@ -601,6 +630,7 @@ int main() {
   fails += aotc_mm_check(1, 5, 3, 7);          // K < KC, N < NR, M < MR
   fails += aotc_mm_check(3, 130, 600, 40);     // several tiles in both directions
   fails += aotc_mm_check(1, 401, 70, 33);      // rows over AOTC_MM_MB: equal row blocks, the last shorter
+  fails += aotc_mm_check(2, 301, 70, 300);     // row tasks (B fits in L2) on 2 threads or more
   for (int64_t m = 1; m <= 3 * AOTC_MM_MR + 1; ++m)  // every split of the last two strips (aotc_mm_strip)
     fails += aotc_mm_check(1, m, 2 * AOTC_MM_NR_F32 + 3, m % 3 == 0 ? 1 : 9);  // K = 1 too
   fails += aotc_mm_check(1, 64, 1, 500);       // one column, rows 4 x 12 + 8 + 8 on AVX-512
