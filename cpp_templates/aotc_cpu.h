@@ -251,6 +251,14 @@ static inline int64_t aotc_checked(int64_t i, int64_t n, int64_t& bad) {
   return ok ? i : 0;
 }
 
+// A gathered row [i, i + len) of n elements checked at once: out of range sets ``bad`` and reads from
+// element 0 instead (the caller throws; len > n never passes).
+static inline int64_t aotc_checked_span(int64_t i, int64_t len, int64_t n, int64_t& bad) {
+  const bool ok = i >= 0 && len <= n && i <= n - len;
+  bad |= (int64_t)!ok;
+  return ok ? i : 0;
+}
+
 // ---- the C boundary ---------------------------------------------------------------------------------
 
 static inline void aotc_set_error(char* err, size_t errlen, const char* msg) {
@@ -276,6 +284,13 @@ int main() {
   fails += aotc_maximum(2, 3) != 3 || aotc_minimum(2, 3) != 2 || aotc_maximum(-1.5f, 0.0f) != 0.0f;
   int64_t bad = 0;
   fails += aotc_checked(5, 3, bad) != 0 || bad != 1;
+  bad = 0;
+  fails += aotc_checked_span(4, 4, 8, bad) != 4 || aotc_checked_span(0, 8, 8, bad) != 0 || bad != 0;
+  fails += aotc_checked_span(5, 4, 8, bad) != 0 || bad != 1;
+  bad = 0;
+  fails += aotc_checked_span(-1, 2, 8, bad) != 0 || bad != 1;
+  bad = 0;
+  fails += aotc_checked_span(0, 9, 8, bad) != 0 || bad != 1;
   double worst = 0;  // aotc_expf within 2 ulp of the correctly rounded exp, subnormals and limits included
   for (float x = -110.0f; x < 90.0f; x += 0.0013f) {
     const double want = (double)(float)std::exp((double)x), got = aotc_expf(x);

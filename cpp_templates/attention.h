@@ -146,10 +146,13 @@ static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x) {
 static inline aotc_attn_v aotc_attn_max(aotc_attn_v a, aotc_attn_v b) { return a > b ? a : b; }
 
 // c[i][0 .. NV vectors) (+)= sum_k a[i * sai + k * sak] * b[k * ldb + ...] for R rows: the shared shape of
-// the transposed scores (a = K rows, b = Q^T) and of P @ V (a = P down the columns of st, b = V).
+// the transposed scores (a = K rows, b = Q^T) and of P @ V (a = P down the columns of st, b = V). With
+// ``cmax``, cmax[0 .. NV vectors) also becomes the maximum of itself and the R rows of c, while they are
+// in registers (the scores' running maximum per query, without a pass over st; a NaN is passed over).
 template <int R, int NV, class S>
 static inline void aotc_attn_micro(int64_t kn, const S* __restrict a, int64_t sai, int64_t sak,
-                                   const float* __restrict b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                                   const float* __restrict b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                                   float* cmax = NULL) {
   // fully unrolled so that the accumulators live in registers
   aotc_attn_v acc[R][NV];
 #pragma GCC unroll 8
@@ -172,15 +175,24 @@ static inline void aotc_attn_micro(int64_t kn, const S* __restrict a, int64_t sa
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) aotc_attn_store(c + i * ldc + j * aotc_attn_vl, acc[i][j]);
+  if (cmax) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      aotc_attn_v run = aotc_attn_load(cmax + j * aotc_attn_vl);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) run = aotc_attn_max(acc[i][j], run);
+      aotc_attn_store(cmax + j * aotc_attn_vl, run);
+    }
+  }
 }
 
 // The last ``rows`` (< MR) rows of a panel.
 template <int NV, int R, class S>
 static inline void aotc_attn_tail(int64_t rows, int64_t kn, const S* a, int64_t sai, int64_t sak, const float* b,
-                                  int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                                  int64_t ldb, float* c, int64_t ldc, bool accumulate, float* cmax) {
   if constexpr (R >= 1) {
-    if (rows == R) return aotc_attn_micro<R, NV>(kn, a, sai, sak, b, ldb, c, ldc, accumulate);
-    aotc_attn_tail<NV, R - 1>(rows, kn, a, sai, sak, b, ldb, c, ldc, accumulate);
+    if (rows == R) return aotc_attn_micro<R, NV>(kn, a, sai, sak, b, ldb, c, ldc, accumulate, cmax);
+    aotc_attn_tail<NV, R - 1>(rows, kn, a, sai, sak, b, ldb, c, ldc, accumulate, cmax);
   }
 }
 
@@ -190,34 +202,37 @@ static inline void aotc_attn_tail(int64_t rows, int64_t kn, const S* a, int64_t 
 // q/k/v (4 x 128 tokens) do not fit in L2.
 template <int NV, int MR, class S>
 static inline void aotc_attn_panel(int64_t rows, int64_t kn, const S* a, int64_t sai, int64_t sak, const float* b,
-                                   int64_t ldb, float* c, int64_t ldc, bool accumulate, bool pf) {
+                                   int64_t ldb, float* c, int64_t ldc, bool accumulate, bool pf, float* cmax) {
   int64_t i = 0;
   for (; i + MR <= rows; i += MR) {
     if (pf)
       for (int64_t r = i + MR; r < i + 2 * MR && r < rows; ++r)
         for (int64_t e = 0; e < kn; e += 64 / (int64_t)sizeof(S)) __builtin_prefetch(a + r * sai + e);
-    aotc_attn_micro<MR, NV>(kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
+    aotc_attn_micro<MR, NV>(kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate, cmax);
   }
-  if (i < rows) aotc_attn_tail<NV, MR - 1>(rows - i, kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate);
+  if (i < rows)
+    aotc_attn_tail<NV, MR - 1>(rows - i, kn, a + i * sai, sai, sak, b, ldb, c + i * ldc, ldc, accumulate, cmax);
 }
 
 // c (rows x cols, cols a multiple of the vector width) (+)= A (rows x kn, element (i, k) at a[i * sai +
 // k * sak]) @ b (kn x cols): panels of 4 vectors where the registers hold them (AVX-512: 6 x 4
-// accumulators, each broadcast of A serving 4 FMAs), then of 2 and 1.
+// accumulators, each broadcast of A serving 4 FMAs), then of 2 and 1. With ``cmax`` (cols floats), each
+// column's maximum over the rows of c is folded into it (aotc_attn_micro).
 template <class S>
 static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const S* a, int64_t sai, int64_t sak,
-                                  const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                                  const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                                  float* cmax = NULL) {
   const int64_t vl = aotc_attn_vl;
   bool pf = sak == 1;  // the first panel brings A's rows in; the others find them in cache
   int64_t j = 0;
 #if AOTC_ATTN_VBYTES == 64
   for (; j + 4 * vl <= cols; j += 4 * vl, pf = false)
-    aotc_attn_panel<4, 6>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
+    aotc_attn_panel<4, 6>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf, cmax ? cmax + j : NULL);
 #endif
   for (; j + 2 * vl <= cols; j += 2 * vl, pf = false)
-    aotc_attn_panel<2, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
+    aotc_attn_panel<2, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf, cmax ? cmax + j : NULL);
   for (; j < cols; j += vl, pf = false)
-    aotc_attn_panel<1, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf);
+    aotc_attn_panel<1, AOTC_ATTN_MR>(rows, kn, a, sai, sak, b + j, ldb, c + j, ldc, accumulate, pf, cmax ? cmax + j : NULL);
 }
 
 // One pass down the nb rows of st (queries in the lanes), G vectors of lanes at a time so that the running
@@ -380,15 +395,18 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
     if (hi <= 0) memset(out, 0, sizeof(float) * lbp * evp);  // no keys: zeros
     for (int64_t j0 = 0; j0 < hi; j0 += NB) {
       const int64_t nb = hi - j0 < NB ? hi - j0 : NB;
-      // st[j][r] = k[j0 + j] . q[l0 + r] * scale
-      aotc_attn_gemm<SK>(nb, lbp, E, k + ko + j0 * sks, sks, ske, qt, lbp, st, lbp, false);
+      // st[j][r] = k[j0 + j] . q[l0 + r] * scale; a block that no mask touches gets its maxima from the
+      // product's registers (top), not from a pass over st
+      const bool elementwise = mask_kind != 0 && !by_row && !by_key;
+      const bool masked = elementwise || by_key || (causal && j0 + nb > l0 + 1);
+      if (!masked) memcpy(top, mx, sizeof(float) * lbp);
+      aotc_attn_gemm<SK>(nb, lbp, E, k + ko + j0 * sks, sks, ske, qt, lbp, st, lbp, false, masked ? NULL : top);
       if (by_key) {
         for (int64_t j = 0; j < nb; ++j) {
           const float val = (float)aotc_elem<SM>::load(m, mo + (j0 + j) * sms);
           kb[j] = mask_kind == 2 ? val : (val == 0 ? -INFINITY : 0.0f);
         }
       }
-      const bool elementwise = mask_kind != 0 && !by_row && !by_key;
       if (elementwise || (causal && j0 + nb > l0 + 1)) {
         for (int64_t j = 0; j < nb; ++j) {
           float* s = st + j * lbp;
@@ -408,7 +426,7 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
         }
       }
       // the online softmax, queries in the lanes
-      aotc_attn_columns<false>(nb, st, lbp, mx, by_key ? kb : NULL, top, NULL);
+      if (masked) aotc_attn_columns<false>(nb, st, lbp, mx, by_key ? kb : NULL, top, NULL);
 #pragma omp simd
       for (int64_t r = 0; r < lbp; ++r) {
         // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0

@@ -165,6 +165,18 @@ def test_gather_checks_in_reduce_and_epilogue(libs: dict[str, Lib]) -> None:
     ws = case_data(case, {"s0": 4})[1]
     with pytest.raises(RuntimeError, match="kernel embed_norm: a gather index is out of range"):
         lib.run([np.array([0, 1, 7, 2])], ws, {"s0": 4})
+    with pytest.raises(RuntimeError, match="kernel embed_norm: a gather index is out of range"):
+        lib.run([np.array([0, -1, 6, 2])], ws, {"s0": 4})
+
+
+def test_gathered_rows_are_checked_before_the_loop() -> None:
+    """``emb[tok * 16 + r0]`` is range-checked once per row, before the r0 loop, which then reads the row
+    with plain loads (a per-element check keeps the loop scalar)."""
+    case = next(c for c in CASES if c.name == "gathers_reduce_epilogue")
+    src = generate(case.prog, OPTIONS)
+    body = src[src.index("aotc_k_embed_norm") : src.index("aotc_k_mm_gather")]
+    assert "aotc_checked(" not in body
+    assert body.index("aotc_checked_span(") < body.index("for (int64_t r0")
 
 
 def test_cstring_escapes() -> None:

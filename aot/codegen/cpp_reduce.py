@@ -63,9 +63,10 @@ class ReduceEmitter:
                     for st in outer_st:
                         self.vals.store(st)
             if row:
+                self.vals.hoist_rows([st.value for st in row], _span(rsizes))
                 with ExitStack() as rows:
                     self._rloops(rows, rsizes)
-                    rows.enter_context(self.vals.scope([st.value for st in row]))
+                    rows.enter_context(self.vals.scope([st.value for st in row], _span(rsizes)))
                     for st in row:
                         self.vals.store(st)
 
@@ -155,9 +156,10 @@ class ReduceEmitter:
             if is_float:
                 self.w.line(f"bool {nan} = false;")
                 clause += f" reduction(|:{nan})"
+        self.vals.hoist_rows([step.value], _span(rsizes))
         with ExitStack() as stack:
             self._rloops(stack, rsizes, clause)
-            stack.enter_context(self.vals.scope([step.value]))
+            stack.enter_context(self.vals.scope([step.value], _span(rsizes)))
             x = cast(self.vals.expr(step.value), step.value.dtype, step.dtype)
             for name, v in zip(names, cache, strict=True):
                 self.w.line(f"{name}[r0] = {self.vals.expr(v)};")
@@ -184,6 +186,11 @@ class ReduceEmitter:
 
 
 LANES = 64  # positions of the last outer loop per chunk of a reduce across lanes (its accumulator arrays)
+
+
+def _span(rsizes: list[str]) -> tuple[sympy.Symbol, str] | None:
+    """The innermost reduce loop (``_rloops``) for Values.scope: its variable and trip count."""
+    return (K.loop_var("r", len(rsizes) - 1), rsizes[-1]) if rsizes else None
 
 
 def _unit_step(e: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:

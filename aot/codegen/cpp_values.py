@@ -216,19 +216,25 @@ class Values:
         self.ctx = ctx
         self.scopes: list[dict[K.Value, str]] = []
         self.safe: set[K.Value] = set()
+        self.span: tuple[sympy.Symbol, str] | None = None
+        self.rows: dict[K.Load, tuple[str, sympy.Symbol, int]] = {}  # hoist_rows: name, loop variable, depth
         self.count = 0
 
     @contextmanager
-    def scope(self, roots: Sequence[K.Value]) -> Iterator[None]:
-        """A loop body evaluating ``roots``: temporaries made inside are not visible after it."""
-        saved = self.safe
+    def scope(self, roots: Sequence[K.Value], span: tuple[sympy.Symbol, str] | None = None) -> Iterator[None]:
+        """A loop body evaluating ``roots``: temporaries made inside are not visible after it. ``span``: the
+        body's innermost loop variable and its trip count (C) when the loop runs from 0 over every position
+        (a gather along it is range-checked once per row: ``_gather_index``)."""
+        saved = self.safe, self.span
         self.safe = _unmasked(roots)
+        self.span = span
         self.scopes.append({})
         try:
             yield
         finally:
             self.scopes.pop()
-            self.safe = saved
+            self.safe, self.span = saved
+            self.rows = {v: at for v, at in self.rows.items() if at[2] <= len(self.scopes)}
 
     def _temp(self, v: K.Value, code: str, const: bool = True) -> str:
         name = f"t{self.count}"
@@ -268,8 +274,7 @@ class Values:
                 return load(ptr, to_c(v.index.expr), dt)
             if v.buf not in self.ctx.checked:
                 self.ctx.checked.append(v.buf)
-            idx = f"aotc_checked({self.expr(v.index)}, {self.ctx.numel[v.buf]}, aotc_bad)"
-            return load(ptr, idx, dt)
+            return load(ptr, self._gather_index(v), dt)
         if isinstance(v, K.Unary):
             x = self.expr(v.x)
             if v.op is Op.CAST:
@@ -284,6 +289,37 @@ class Values:
         if isinstance(v, K.Where):
             return f"({self.expr(v.cond)} ? {self.expr(v.a)} : {self.expr(v.b)})"
         raise TypeError(f"kernel {self.ctx.kernel}: cannot print value node {v!r}")
+
+    def hoist_rows(self, roots: Sequence[K.Value], span: tuple[sympy.Symbol, str] | None) -> None:
+        """Before a loop over ``span`` evaluating ``roots``: range-check the rows its gathers read (see
+        ``_gather_index``) here, outside the loop, so that the loop reads them with plain vector loads."""
+        if span is None:
+            return
+        r, n = span
+        safe = _unmasked(roots)  # a masked gather may be out of range where its mask fails: not hoisted
+        for v in [x for root in roots for x in K.walk(root)]:
+            if not isinstance(v, K.Load) or isinstance(v.index, K.Index) or v in self.rows or v not in safe:
+                continue
+            split = _row_split(v.index, r)
+            if split is None:
+                continue
+            other, off = split
+            base = self.expr(other) if off == 0 else f"({self.expr(other)} + {to_c(off)})"
+            name = f"t{self.count}"
+            self.count += 1
+            self.w.line(f"const int64_t {name} = aotc_checked_span({base}, {n}, {self.ctx.numel[v.buf]}, aotc_bad);")
+            self.rows[v] = (name, r, len(self.scopes))
+
+    def _gather_index(self, v: K.Load) -> str:
+        """A gather's checked index. One of the form ``base + r`` along the loop variable ``r`` of a span
+        hoisted by ``hoist_rows`` (an embedding row: ``table[token * H + r]``) had its whole row ``[base,
+        base + n)`` checked once before the loop; any other index is checked element by element, which keeps
+        the loop to gathers and selects. A row that fails is read from element 0 and sets ``aotc_bad`` (the
+        kernel then throws, as for one bad element)."""
+        if v in self.rows and self.span is not None and self.rows[v][1] == self.span[0]:
+            name, r, _ = self.rows[v]
+            return f"{name} + {to_c(r)}"
+        return f"aotc_checked({self.expr(v.index)}, {self.ctx.numel[v.buf]}, aotc_bad)"
 
     def _masked(self, v: K.Masked) -> str:
         mask = self.expr(v.mask)
@@ -300,3 +336,26 @@ class Values:
         val = self.expr(st.value)
         dst = self.ctx.dtypes[st.buf]
         self.w.line(f"{buf}[{to_c(st.index)}] = {store_value(val, st.value.dtype, dst)};")
+
+
+def _row_split(index: K.Value, r: sympy.Symbol) -> tuple[K.Value, sympy.Expr] | None:
+    """``index`` as ``other + off + r`` with ``other`` a value tree and ``off`` an expression, neither
+    varying with ``r``; None when it is not of that form."""
+    if not isinstance(index, K.Binary) or index.op is not Op.ADD:
+        return None
+    for along, other in ((index.a, index.b), (index.b, index.a)):
+        if isinstance(along, K.Index) and _invariant(other, r):
+            off = sympy.expand(sympy.sympify(along.expr) - r)
+            if r not in off.free_symbols:
+                return other, off
+    return None
+
+
+def _invariant(v: K.Value, r: sympy.Symbol) -> bool:
+    """``v`` has one value for every position of the loop over ``r`` (no index along it, nothing masked)."""
+    for n in K.walk(v):
+        if isinstance(n, K.Masked | K.Acc | K.Prefix):
+            return False
+        if isinstance(n, K.Index) and r in sympy.sympify(n.expr).free_symbols:
+            return False
+    return True
