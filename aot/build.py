@@ -267,7 +267,7 @@ def _build_program(
         log.info("fusion: %s", line)
 
     # Weights packed per CPU level; with CPU targets only, a weight only packed matmuls read stays out.
-    cpu_plans = {t: _fuse_pools(*pack_plan(prog, t.arch)) for t in options.targets if t.kind == "cpu"}
+    cpu_plans = {t: _fuse_pools(*pack_plan(prog, t.arch, options.winograd)) for t in options.targets if t.kind == "cpu"}
     dropped = set() if any(t.kind == "cuda" for t in options.targets) else packed_only(list(cpu_plans.values()))
     cpu_plans = {t: (without(p, dropped), packs) for t, (p, packs) in cpu_plans.items()}
     shared = [w for w in prog.weights if w.name not in dropped]

@@ -35,6 +35,7 @@ class BuildRequest:
     verbose: bool = False
     keep_sources: Path | None = None
     cache_dir: Path | None = None
+    winograd: bool = True
 
 
 def check(req: BuildRequest) -> list[Any]:
@@ -64,7 +65,8 @@ def run(req: BuildRequest, echo: Any) -> None:
         if (e.name or "").split(".")[0] not in _BUILD_DEPS:
             raise
         raise UsageError(f"`aotc build` needs the builder and torch ({e}): pip install 'aotc[build]'") from None
-    kwargs: dict[str, Any] = {"precision": req.precision, "dynamic": req.dynamic, "selftest": req.selftest, "tune": req.tune}
+    kwargs: dict[str, Any] = {"precision": req.precision, "dynamic": req.dynamic, "selftest": req.selftest, "tune": req.tune,
+              "winograd": req.winograd}
     if targets:
         kwargs["targets"] = tuple(targets)
     options = BuildOptions(**kwargs)

@@ -70,6 +70,7 @@ class BuildOptions:
     opt_level: str = "-O3"
     cuda_fp_fusion: bool = True  # let Triton contract a*b+c into FMA (False: bit-closer to eager)
     tune: bool = False  # benchmark tile configs on a GPU of the target's SM and cache the winners (aot/tune.py)
+    winograd: bool = True  # CPU 3x3 convs may run as Winograd (codegen/cpp_pack.py); False: the direct conv's smaller error
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -65,6 +65,7 @@ def cli() -> None:
 )
 @click.option("--no-selftest", is_flag=True, help="Do not store example inputs and eager outputs.")
 @click.option("--tune", is_flag=True, help="Benchmark matmul/conv tile configs on this machine's GPU (cached).")
+@click.option("--no-winograd", is_flag=True, help="CPU 3x3 convs: the direct kernel only (~10x smaller fp32 error, slower).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the result line (progress is shown on a terminal only).")
 @click.option("-v", "--verbose", is_flag=True, help="Show torch's warnings and messages and the fusion log.")
 @click.option("--keep-sources", type=click.Path(path_type=Path), default=None, help="Write the generated C++ and Triton here.")
@@ -79,6 +80,7 @@ def build(
     precision: str,
     no_selftest: bool,
     tune: bool,
+    no_winograd: bool,
     quiet: bool,
     verbose: bool,
     keep_sources: Path | None,
@@ -91,7 +93,7 @@ def build(
         cache = os.environ.get("AOTC_CACHE_DIR")  # the one place the environment is read
         req = BuildRequest(
             model, out, targets, entry, inputs_entry, dynamic, precision, not no_selftest, tune, quiet, verbose, keep_sources,
-            Path(cache) if cache else None,
+            Path(cache) if cache else None, not no_winograd,
         )  # fmt: skip
         run_build(req, click.echo)
 

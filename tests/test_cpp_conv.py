@@ -254,3 +254,20 @@ def test_pack_array_winograd_layout() -> None:
                 u = g @ w[oo, :, :, cc].astype(np.float64) @ g.T
                 np.testing.assert_allclose(got[oo // nr, cc::c, oo % nr], u.reshape(-1), rtol=1e-6, atol=1e-6)
         assert not got[1, :, 1:].any()  # zero past O
+
+
+def test_no_winograd_keeps_the_direct_convs(tmp_path: Path, aotc_cache: Path) -> None:
+    """`aotc build --no-winograd`: the CNN example's 3x3 convs (Winograd by default) take the direct kernel."""
+    from aotc.cli import cli
+    from click.testing import CliRunner
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
+    counts = {}
+    for flag in ([], ["--no-winograd"]):
+        src, pkg = tmp_path / f"src{len(flag)}", tmp_path / f"cnn{len(flag)}.pkg"
+        r = CliRunner().invoke(cli, ["build", str(example), "-o", str(pkg), "--keep-sources", str(src), "-q", *flag])
+        assert r.exit_code == 0, r.output
+        text = "".join(p.read_text() for p in sorted(src.rglob("*.cpp")))
+        counts[bool(flag)] = text.count("aotc_conv2d_wino<")
+        assert all(c.ok for c in aotc.load(pkg, device="cpu").verify())
+    assert counts[False] > 0 and counts[True] == 0

@@ -138,8 +138,9 @@ def _conv_packable(k: K.Kernel, weights: set[str]) -> tuple[int, int, tuple[tupl
     return off, so, ((k.kernel[0], sh), (k.kernel[1], sw), (k.c_in, si))
 
 
-def pack_plan(plan: K.Plan, level: str) -> tuple[K.Plan, list[Packing]]:
-    """``plan`` with weight matmuls reading packed weights (appended to its weights), and the packings."""
+def pack_plan(plan: K.Plan, level: str, winograd: bool = True) -> tuple[K.Plan, list[Packing]]:
+    """``plan`` with weight matmuls reading packed weights (appended to its weights), and the packings; with
+    ``winograd`` False every conv keeps the direct kernel (BuildOptions.winograd)."""
     nr = PANEL[level]
     names = {b.name for b in plan.weights}
     taken = {b.name for b in (*plan.inputs, *plan.outputs, *plan.weights, *plan.arena)}
@@ -171,7 +172,7 @@ def pack_plan(plan: K.Plan, level: str) -> tuple[K.Plan, list[Packing]]:
             cnr = conv_panel(k, level)
             off, so, kdims = cview
             kk = k.kernel[0] * k.kernel[1] * k.c_in
-            m, why = wino_choice(k)
+            m, why = wino_choice(k) if winograd else (0, "direct: Winograd turned off (--no-winograd)")
             log.info("conv %s: %s", k.name, why)
             proto = Packing("", k.w.buf, off, 0, so, kk, k.c_out, cnr, kdims, m)
             p = packing((k.w.buf, off, so, kdims, k.c_out, cnr, m), proto)
