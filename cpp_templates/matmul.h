@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include <new>
+#include <type_traits>
 
 #if defined(__AVX__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -323,11 +324,106 @@ static void aotc_mm_pack(T* __restrict dst, const S* src, int64_t r0, int64_t ro
   }
 }
 
+// The vector part of aotc_mm_pack_a for fp32 (AVX-512: MR <= 16 rows, AVX2: MR <= 8): L k-values of each of
+// the MR rows in a register (rows past MR zero), an L x L in-register transpose, then one k's MR values per
+// store. Returns how many of the kc columns it packed (a multiple of L); the caller packs the rest.
+#if defined(__AVX512F__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's intrinsics (_mm512_undefined_ps's __Y = __Y)
+template <int MR>
+static inline int64_t aotc_mm_pack_a_vec(float* __restrict d, const float* const* row, int64_t kc) {
+  static_assert(MR <= 16, "one zmm per k");
+  const __mmask16 live = (__mmask16)((1u << MR) - 1);
+  int64_t c = 0;
+  for (; c + 16 <= kc; c += 16) {
+    __m512 r[16], t[16];
+#pragma GCC unroll 16
+    for (int w = 0; w < 16; ++w) r[w] = w < MR ? _mm512_loadu_ps(row[w] + c) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {  // pairs of rows interleaved: t[2i] = r[2i][0] r[2i+1][0] r[2i][1] ...
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {  // quads of rows: 4 rows x 1 k per 128-bit lane
+      const __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
+      const __m512d b0 = _mm512_castps_pd(t[4 * i + 2]), b1 = _mm512_castps_pd(t[4 * i + 3]);
+      r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+      r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+      r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+      r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+    }
+    // r[4i + j] lane l: rows 4i..4i+3 at k = 4l + j. Gather the four quads' lane l into one zmm per k.
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512 q01lo = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44);  // lanes 0,1 of quad 0, then quad 1
+      const __m512 q01hi = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xee);  // lanes 2,3
+      const __m512 q23lo = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44);
+      const __m512 q23hi = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xee);
+      t[j] = _mm512_shuffle_f32x4(q01lo, q23lo, 0x88);       // k = j
+      t[4 + j] = _mm512_shuffle_f32x4(q01lo, q23lo, 0xdd);   // k = 4 + j
+      t[8 + j] = _mm512_shuffle_f32x4(q01hi, q23hi, 0x88);   // k = 8 + j
+      t[12 + j] = _mm512_shuffle_f32x4(q01hi, q23hi, 0xdd);  // k = 12 + j
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) _mm512_mask_storeu_ps(d + (c + k) * MR, live, t[k]);
+  }
+  return c;
+}
+#pragma GCC diagnostic pop
+#define AOTC_MM_PACK_A_VEC 16
+#elif defined(__AVX2__)
+template <int MR>
+static inline int64_t aotc_mm_pack_a_vec(float* __restrict d, const float* const* row, int64_t kc) {
+  static_assert(MR <= 8, "one ymm per k");
+  int64_t c = 0;
+  for (; c + 8 <= kc; c += 8) {
+    __m256 r[8], t[8];
+#pragma GCC unroll 8
+    for (int w = 0; w < 8; ++w) r[w] = w < MR ? _mm256_loadu_ps(row[w] + c) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i) {  // r[4i + j] lane l: rows 4i..4i+3 at k = 4l + j
+      r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+      r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      t[j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x20);      // k = j
+      t[4 + j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x31);  // k = 4 + j
+    }
+    // One k's MR values per store: the full ymm in k order (its junk past MR lands on later k, written
+    // after), in pieces where the junk would pass the strip's end.
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      float* o = d + (c + k) * MR;
+      if ((c + k) * MR + 8 <= kc * MR) {
+        _mm256_storeu_ps(o, t[k]);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, t[k]);
+        for (int w = 0; w < MR; ++w) o[w] = tmp[w];
+      }
+    }
+  }
+  return c;
+}
+#define AOTC_MM_PACK_A_VEC 8
+#endif
+
 // Pack rows [m0, m0 + mb) x cols [k0, k0 + kc) of A into the strips of aotc_mm_strip: strip s at
 // dst + s * MR * kc, zero past its rows. A full strip of a row-major A (sak == 1) reads its MR rows side
 // by side and writes each k's MR values together: twice as fast as a row at a time with stores MR apart
 // (2048 x 2048: 2.7 ms, was 5.5), which made BERT's 512 x 256 x 1024 6-10% slower (A is packed on every
-// call, B at build time).
+// call, B at build time). For fp32 the k-values of a full strip move L at a time through registers
+// (aotc_mm_pack_a_vec): in L2 twice as fast again (96 x 512: 5 us, was 10), from memory ~25% (512 x 1024:
+// 0.09 ms, was 0.12); whole matmuls +0-3% (benchmarks/cpu_matmul_ab.py, 1 thread).
 template <class T, class S, int MR>
 static void aotc_mm_pack_a(T* __restrict dst, const S* src, int64_t m0, int64_t mb, int64_t k0, int64_t kc,
                            int64_t sam, int64_t sak) {
@@ -340,7 +436,12 @@ static void aotc_mm_pack_a(T* __restrict dst, const S* src, int64_t m0, int64_t 
     if (sak == 1 && h == MR) {
       const S* row[MR];
       for (int w = 0; w < MR; ++w) row[w] = src + (m0 + r0 + w) * sam + k0;
-      for (int64_t c = 0; c < kc; ++c)
+      int64_t c = 0;
+#ifdef AOTC_MM_PACK_A_VEC
+      if constexpr (std::is_same<T, float>::value && std::is_same<S, float>::value && MR <= AOTC_MM_PACK_A_VEC)
+        c = aotc_mm_pack_a_vec<MR>(d, row, kc);
+#endif
+      for (; c < kc; ++c)
 #pragma GCC unroll 16
         for (int w = 0; w < MR; ++w) d[c * MR + w] = (T)aotc_elem<S>::load(row[w], c);
     } else {
