@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,6 +93,18 @@ class InvertedResidual(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x)
+
+
+def check_batches(run: Any, model: nn.Module, chw: tuple[int, ...], atol: float, batches: tuple[int, ...] = (1, 3)) -> None:
+    """``run`` (a loaded package) against eager ``model`` on fresh random inputs of each batch size:
+    rtol 1e-4, atol ``atol`` times the largest output."""
+    for batch in batches:
+        torch.manual_seed(batch)
+        xb = torch.randn(batch, *chw)
+        with torch.no_grad():
+            want = model(xb).numpy()
+        got = run(xb.numpy())
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol * float(np.abs(want).max()))
 
 
 def _mask(b: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from aotc_build.codegen import cpp
 from aotc_build.codegen.cpp_block import find_blocks
 from aotc_build.codegen.cpp_pack import pack_plan
 from aotc_build.options import BuildOptions, Target
-from op_cases import random_bn
+from op_cases import check_batches, random_bn
 from torch import nn
 from torch.export import Dim
 
@@ -93,14 +93,7 @@ def test_block_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path, c
     pkg = tmp_path / "blocknet.pkg"
     build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache)
     for threads in (1, 2):
-        m = aotc.load(pkg, device="cpu", num_threads=threads)
-        for batch in (1, 3):
-            torch.manual_seed(batch)
-            xb = torch.randn(batch, 3, 47, 45)
-            with torch.no_grad():
-                want = model(xb).numpy()
-            got = m(xb.numpy())
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+        check_batches(aotc.load(pkg, device="cpu", num_threads=threads), model, (3, 47, 45), atol=1e-5)
 
 
 class Chain(nn.Module):

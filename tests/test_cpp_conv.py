@@ -18,7 +18,7 @@ from aotc_build.capture import capture_module
 from aotc_build.codegen.cpp_pack import PANEL, WINO_G, Packing, conv_panel, pack_array, pack_plan
 from aotc_build.ir import DType, Op
 from aotc_build.options import BuildOptions, Target
-from op_cases import random_bn
+from op_cases import check_batches, random_bn
 from torch import nn
 from torch.export import Dim
 
@@ -59,15 +59,7 @@ def test_conv_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path, cp
     cap = capture_module(model, (x,), {"x": {0: Dim("batch", min=1, max=8)}}, name="convnet")
     pkg = tmp_path / "convnet.pkg"
     build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache)
-    m = aotc.load(pkg, device="cpu")
-    for batch in (1, 3):
-        torch.manual_seed(batch)
-        xb = torch.randn(batch, 3, 29, 31)
-        with torch.no_grad():
-            want = model(xb).numpy()
-        got = m(xb.numpy())
-        scale = float(np.abs(want).max())
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+    check_batches(aotc.load(pkg, device="cpu"), model, (3, 29, 31), atol=1e-5)
 
 
 def test_batch_norm_folds_into_conv_weights() -> None:
@@ -228,14 +220,7 @@ def test_winograd_convs_match_eager(level: str, tmp_path: Path, aotc_cache: Path
     assert tiles == [4, 4, 4, 2]
     pkg = tmp_path / "winonet.pkg"
     build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache)
-    m = aotc.load(pkg, device="cpu")
-    for batch in (1, 3):
-        torch.manual_seed(batch)
-        xb = torch.randn(batch, 16, 13, 11)
-        with torch.no_grad():
-            want = model(xb).numpy()
-        got = m(xb.numpy())
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6 * float(np.abs(want).max()))
+    check_batches(aotc.load(pkg, device="cpu"), model, (16, 13, 11), atol=2e-6)
 
 
 def test_pack_array_winograd_layout() -> None:
