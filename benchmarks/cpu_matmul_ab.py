@@ -15,10 +15,10 @@ the first variant (and, in brackets, the ratio of the best calls): rounds interl
 --micro also prints the micro-kernel's own rate (one thread, operands in L1) per variant.
 --cold MB reads a buffer of MB MiB (64 when MB is left out) before every call, on the call's threads, so the
 weights and activations come from memory as in a model, where other layers run between two calls of one;
-a hot loop keeps them in L2 and flatters the rates. --cpu-time times every call by the process's CPU time
-(user + sys of all its threads, spinning workers included) also on several threads, where the default is
+a hot loop keeps them in L2 and flatters the rates. --cpu-time times every call by the CPU time of all the
+process's threads (spinning workers included) also on several threads, where the default is
 wall time: on a shared machine the CPU time leaves out the slices other processes take; GFLOP/s are then
-per core-second.
+per core-second (torch's figure includes its OpenMP threads' spinning).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import os
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,8 @@ def build(name: str, templates: Path, level: str, defines: list[str], work: Path
     lib.ab_micro.restype = ctypes.c_double
     lib.ab_peak.argtypes = [i64]
     lib.ab_peak.restype = ctypes.c_double
+    lib.ab_tids_ns.argtypes = [f, i]
+    lib.ab_tids_ns.restype = ctypes.c_int64
     return lib
 
 
@@ -109,20 +112,28 @@ def main() -> None:
             l2 = {n: round(max(lib.ab_micro(lib.ab_kc(), 2000, 24) for _ in range(300)), 1) for n, lib in libs.items()}
             print(f"1 thread: FMA peak {peak:.1f} GFLOP/s, micro-kernel {micro} (A in L2: {l2})", flush=True)
     cold = np.ones(int(args.cold * (1 << 20)) // 4, np.float32)
-    torch = None
+    torch: Any = None
+    torch_tids = np.zeros(0, np.int64)
     if not args.no_torch:
         import torch
+
+        # torch's threads: started by its first parallel call, before any variant's pool exists
+        torch.set_num_threads(max(int(t) for t in args.threads.split(",")))
+        x = torch.ones(256, 256)
+        (x @ x).sum()
+        torch_tids = np.array([int(t) for t in os.listdir("/proc/self/task")], np.int64)
     for threads in (int(t) for t in args.threads.split(",")):
         if torch is not None:
             torch.set_num_threads(threads)
         for shape in args.shapes.split(","):
-            bench_shape(libs, torch, shape, threads, args.rounds, args.reps, cold, args.cpu_time)
+            bench_shape(libs, torch, torch_tids, shape, threads, args.rounds, args.reps, cold, args.cpu_time)
 
 
-def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, shape: str, threads: int, rounds: int, reps: int,
-                cold: np.ndarray, cpu_time: bool) -> None:  # fmt: skip
+def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, torch_tids: np.ndarray, shape: str, threads: int,
+                rounds: int, reps: int, cold: np.ndarray, cpu_time: bool) -> None:  # fmt: skip
     """One line: every variant (and torch.addmm + GELU, unless ``torch`` is None) on one shape. ``cold``
-    (empty: none) is read before every call; ``cpu_time`` times calls by the process's CPU time."""
+    (empty: none) is read before every call; ``cpu_time`` times calls by their threads' CPU time (torch's:
+    ``torch_tids``)."""
     gelu = {"g": 1, "t": 2}.get(shape[-1], 0)
     m, n, k = (int(v) for v in shape.rstrip("gt").split("x"))
     rng = np.random.default_rng(0)
@@ -144,8 +155,13 @@ def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, shape: str, threads: i
         fns[name] = functools.partial(lib.ab_mm, *args)
     if torch is not None:
         ta, tw, tb = torch.from_numpy(a), torch.from_numpy(w), torch.from_numpy(bias)
-        clock = time.process_time if cpu_time else time.thread_time if threads == 1 else time.perf_counter  # as ab_mm
         tcold = torch.from_numpy(cold)
+        clock: Callable[[], float] = time.thread_time if threads == 1 else time.perf_counter  # as ab_mm
+        if cpu_time:  # the CPU time of the threads torch runs on: not time.process_time (see ab_mm)
+            lib0 = next(iter(libs.values()))
+
+            def clock() -> float:
+                return float(lib0.ab_tids_ns(torch_tids.ctypes.data, torch_tids.size)) * 1e-9
 
         def tcall() -> float:
             best = 1e30

@@ -23,12 +23,48 @@ AB_EXPORT void ab_pack(int64_t K, int64_t N, const float* w, float* bp) {
       }
 }
 
-// This thread's (or with ``process``, every thread's) CPU time in ns: on a loaded machine a call's CPU time
-// leaves out the time slices other processes took (wall time counts them).
-static int64_t ab_cpu_ns(bool process = false) {
+// This thread's CPU time in ns: on a loaded machine a call's CPU time leaves out the time slices other
+// processes took (wall time counts them).
+static int64_t ab_cpu_ns() {
   timespec ts;
-  clock_gettime(process ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// CPU clocks to sum (ab_clocks_ns): the threads a call runs on. Note: not CLOCK_PROCESS_CPUTIME_ID, which
+// counts a thread running on another core only up to its last scheduler tick (4 ms at HZ = 250: a 1 ms
+// call on 2 threads read 0.55-1.3x its real time), and which counts the other engines' threads too
+// (torch's spinning OpenMP workers, the other variants' pools). A thread's own clock is read exactly.
+struct ab_clocks {
+  clockid_t id[AOTC_POOL_MAX + 1];
+  int n = 0;
+  int64_t ns() const {
+    int64_t sum = 0;
+    for (int i = 0; i < n; ++i) {
+      timespec ts;
+      if (clock_gettime(id[i], &ts) == 0) sum += (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    }
+    return sum;
+  }
+};
+
+// The calling thread and this library's pool workers (started before: the caller runs a loop first).
+static ab_clocks ab_pool_clocks() {
+  ab_clocks c;
+  c.id[c.n++] = CLOCK_THREAD_CPUTIME_ID;
+  aotc_pool& p = aotc_the_pool();
+  for (int w = 1; w <= p.started; ++w)
+    if (pthread_getcpuclockid(p.workers[w].thread, &c.id[c.n]) == 0) ++c.n;
+  return c;
+}
+
+// Any threads' CPU time in ns, summed: torch's, named by their thread ids (Python's threading.get_native_id
+// and the ones its first call started), for cpu_matmul_ab.py --cpu-time.
+AB_EXPORT int64_t ab_tids_ns(const int64_t* tids, int n) {
+  ab_clocks c;
+  for (int i = 0; i < n && i <= AOTC_POOL_MAX; ++i)  // the kernel's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
+    c.id[c.n++] = (clockid_t)((~(unsigned long)tids[i] << 3) | 6);
+  return c.ns();
 }
 
 // Reads one float of every cache line of ``buf`` (``bytes`` long) on ``threads`` threads, so that the next
@@ -44,14 +80,16 @@ static void ab_evict(const float* buf, int64_t bytes, int threads) {
 }
 
 // reps calls of c = epi(a[M, K] @ B + bias) on ``threads`` threads exactly; returns the fastest call in s:
-// with ``clock`` 0 its wall time, 1 the calling thread's CPU time, 2 the process's (every thread's: what the
-// call took from the machine, spinning workers included). With ``cold_bytes`` > 0, ``cold`` is read
+// with ``clock`` 0 its wall time, 1 the calling thread's CPU time, 2 its threads' (the caller's and the pool
+// workers': what the call took from the machine, spinning included; ab_clocks). With ``cold_bytes`` > 0, ``cold`` is read
 // before each call (ab_evict), outside the timed part.
 AB_EXPORT double ab_mm(int64_t M, int64_t N, int64_t K, const float* a, const float* bp, const float* bias,
                        float* c, int gelu, int threads, int reps, int clock, const float* cold,
                        int64_t cold_bytes) {
   aotc_pool_set_threads(-threads);
-  auto now = [clock]() { return clock == 0 ? aotc_now_ns() : ab_cpu_ns(clock == 2); };
+  aotc_pool_run(threads, threads, [](int64_t, int) {});  // the pool's workers exist before ab_pool_clocks
+  const ab_clocks clocks = ab_pool_clocks();
+  auto now = [&]() { return clock == 0 ? aotc_now_ns() : clock == 1 ? ab_cpu_ns() : clocks.ns(); };
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     if (cold_bytes > 0) ab_evict(cold, cold_bytes, threads);
