@@ -19,6 +19,8 @@ a hot loop keeps them in L2 and flatters the rates. --cpu-time times every call 
 process's threads (spinning workers included) also on several threads, where the default is
 wall time: on a shared machine the CPU time leaves out the slices other processes take; GFLOP/s are then
 per core-second (torch's figure includes its OpenMP threads' spinning).
+Name a variant twice (``--variant a= --variant b=-D... --variant a2=``) to see the noise: on the shared
+2-core machine two identical builds' medians differed by up to 5-7% (the first in a round ran slowest).
 """
 
 from __future__ import annotations
