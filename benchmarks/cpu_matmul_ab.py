@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_matmul_ab.py [--level x86-64-v4|x86-64-v3] [--threads 1,2]
         [--shapes 2048x2048x2048,64x4096x1024,...] [--base REV] [--variant NAME=-DFLAG=V,-DFLAG2=V ...]
-        [--rounds 7] [--reps 5] [--micro] [--no-torch]
+        [--rounds 7] [--reps 5] [--micro] [--no-torch] [--cold [MB]] [--cpu-time]
 
 Each variant is benchmarks/matmul_ab.cpp built into its own library: the working tree's templates with the
 variant's -D flags, or with --base REV the templates of git revision REV as variant "base" (so a change can
@@ -13,6 +13,14 @@ engine in turn (best of --reps calls; on one thread the call's CPU time, which l
 other processes take on a loaded machine) and the median over rounds is reported, in GFLOP/s and relative to
 the first variant (and, in brackets, the ratio of the best calls): rounds interleave, so a load that comes and goes hits every engine alike.
 --micro also prints the micro-kernel's own rate (one thread, operands in L1) per variant.
+--cold MB reads a buffer of MB MiB (64 when MB is left out) before every call, on the call's threads, so the
+weights and activations come from memory as in a model, where other layers run between two calls of one;
+a hot loop keeps them in L2 and flatters the rates. --cpu-time times every call by the CPU time of all the
+process's threads (spinning workers included) also on several threads, where the default is
+wall time: on a shared machine the CPU time leaves out the slices other processes take; GFLOP/s are then
+per core-second (torch's figure includes its OpenMP threads' spinning).
+Name a variant twice (``--variant a= --variant b=-D... --variant a2=``) to see the noise: on the shared
+2-core machine two identical builds' medians differed by up to 5-7% (the first in a round ran slowest).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import os
 import statistics
 import subprocess
 import sys
@@ -46,13 +55,15 @@ def build(name: str, templates: Path, level: str, defines: list[str], work: Path
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
     f, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.ab_mm.argtypes = [i64, i64, i64, f, f, f, f, i, i, i]
+    lib.ab_mm.argtypes = [i64, i64, i64, f, f, f, f, i, i, i, i, f, i64]
     lib.ab_mm.restype = ctypes.c_double
     lib.ab_pack.argtypes = [i64, i64, f, f]
     lib.ab_micro.argtypes = [i64, i64, i64]
     lib.ab_micro.restype = ctypes.c_double
     lib.ab_peak.argtypes = [i64]
     lib.ab_peak.restype = ctypes.c_double
+    lib.ab_tids_ns.argtypes = [f, i]
+    lib.ab_tids_ns.restype = ctypes.c_int64
     return lib
 
 
@@ -80,6 +91,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--micro", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--cold", type=float, nargs="?", const=64.0, default=0.0, metavar="MB",
+                    help="read a buffer of MB MiB (default 64) before every call")  # fmt: skip
+    ap.add_argument("--cpu-time", action="store_true", help="process CPU time per call, also on several threads")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mm_ab_"))
     libs: dict[str, ctypes.CDLL] = {}
@@ -99,18 +113,29 @@ def main() -> None:
             micro = {n: round(max(lib.ab_micro(lib.ab_kc(), 2000, 1) for _ in range(300)), 1) for n, lib in libs.items()}
             l2 = {n: round(max(lib.ab_micro(lib.ab_kc(), 2000, 24) for _ in range(300)), 1) for n, lib in libs.items()}
             print(f"1 thread: FMA peak {peak:.1f} GFLOP/s, micro-kernel {micro} (A in L2: {l2})", flush=True)
-    torch = None
+    cold = np.ones(int(args.cold * (1 << 20)) // 4, np.float32)
+    torch: Any = None
+    torch_tids = np.zeros(0, np.int64)
     if not args.no_torch:
         import torch
+
+        # torch's threads: started by its first parallel call, before any variant's pool exists
+        torch.set_num_threads(max(int(t) for t in args.threads.split(",")))
+        x = torch.ones(256, 256)
+        (x @ x).sum()
+        torch_tids = np.array([int(t) for t in os.listdir("/proc/self/task")], np.int64)
     for threads in (int(t) for t in args.threads.split(",")):
         if torch is not None:
             torch.set_num_threads(threads)
         for shape in args.shapes.split(","):
-            bench_shape(libs, torch, shape, threads, args.rounds, args.reps)
+            bench_shape(libs, torch, torch_tids, shape, threads, args.rounds, args.reps, cold, args.cpu_time)
 
 
-def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, shape: str, threads: int, rounds: int, reps: int) -> None:
-    """One line: every variant (and torch.addmm + GELU, unless ``torch`` is None) on one shape."""
+def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, torch_tids: np.ndarray, shape: str, threads: int,
+                rounds: int, reps: int, cold: np.ndarray, cpu_time: bool) -> None:  # fmt: skip
+    """One line: every variant (and torch.addmm + GELU, unless ``torch`` is None) on one shape. ``cold``
+    (empty: none) is read before every call; ``cpu_time`` times calls by their threads' CPU time (torch's:
+    ``torch_tids``)."""
     gelu = {"g": 1, "t": 2}.get(shape[-1], 0)
     m, n, k = (int(v) for v in shape.rstrip("gt").split("x"))
     rng = np.random.default_rng(0)
@@ -126,15 +151,25 @@ def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, shape: str, threads: i
         packs.append(packed)
         lib.ab_pack(k, n, w.ctypes.data, packed.ctypes.data)
         outs[name] = out = np.empty((m, n), np.float32)
-        args = (m, n, k, a.ctypes.data, packed.ctypes.data, bias.ctypes.data, out.ctypes.data, gelu, threads, reps)
+        timer = 2 if cpu_time else 1 if threads == 1 else 0  # ab_mm's clock
+        args = (m, n, k, a.ctypes.data, packed.ctypes.data, bias.ctypes.data, out.ctypes.data, gelu, threads, reps,
+                timer, cold.ctypes.data, cold.nbytes)  # fmt: skip
         fns[name] = functools.partial(lib.ab_mm, *args)
     if torch is not None:
         ta, tw, tb = torch.from_numpy(a), torch.from_numpy(w), torch.from_numpy(bias)
-        clock = time.thread_time if threads == 1 else time.perf_counter  # as ab_mm
+        tcold = torch.from_numpy(cold)
+        clock: Callable[[], float] = time.thread_time if threads == 1 else time.perf_counter  # as ab_mm
+        if cpu_time:  # the CPU time of the threads torch runs on: not time.process_time (see ab_mm)
+            lib0 = next(iter(libs.values()))
+
+            def clock() -> float:
+                return float(lib0.ab_tids_ns(torch_tids.ctypes.data, torch_tids.size)) * 1e-9
 
         def tcall() -> float:
             best = 1e30
             for _ in range(reps):
+                if cold.size:
+                    tcold.sum()  # on torch's threads, as ab_evict on the library's
                 t0 = clock()
                 y = torch.addmm(tb, ta, tw)
                 if gelu:

@@ -23,22 +23,77 @@ AB_EXPORT void ab_pack(int64_t K, int64_t N, const float* w, float* bp) {
       }
 }
 
-// This thread's CPU time in ns: on a loaded machine a 1-thread call's CPU time leaves out the time slices
-// other processes took (wall time counts them).
+// This thread's CPU time in ns: on a loaded machine a call's CPU time leaves out the time slices other
+// processes took (wall time counts them).
 static int64_t ab_cpu_ns() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-// reps calls of c = epi(a[M, K] @ B + bias) on ``threads`` threads exactly; returns the fastest call in s
-// (its CPU time when threads == 1, else wall time).
+// CPU clocks to sum (ab_clocks_ns): the threads a call runs on. Note: not CLOCK_PROCESS_CPUTIME_ID, which
+// counts a thread running on another core only up to its last scheduler tick (4 ms at HZ = 250: a 1 ms
+// call on 2 threads read 0.55-1.3x its real time), and which counts the other engines' threads too
+// (torch's spinning OpenMP workers, the other variants' pools). A thread's own clock is read exactly.
+struct ab_clocks {
+  clockid_t id[AOTC_POOL_MAX + 1];
+  int n = 0;
+  int64_t ns() const {
+    int64_t sum = 0;
+    for (int i = 0; i < n; ++i) {
+      timespec ts;
+      if (clock_gettime(id[i], &ts) == 0) sum += (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    }
+    return sum;
+  }
+};
+
+// The calling thread and this library's pool workers (started before: the caller runs a loop first).
+static ab_clocks ab_pool_clocks() {
+  ab_clocks c;
+  c.id[c.n++] = CLOCK_THREAD_CPUTIME_ID;
+  aotc_pool& p = aotc_the_pool();
+  for (int w = 1; w <= p.started; ++w)
+    if (pthread_getcpuclockid(p.workers[w].thread, &c.id[c.n]) == 0) ++c.n;
+  return c;
+}
+
+// Any threads' CPU time in ns, summed: torch's, named by their thread ids (Python's threading.get_native_id
+// and the ones its first call started), for cpu_matmul_ab.py --cpu-time.
+AB_EXPORT int64_t ab_tids_ns(const int64_t* tids, int n) {
+  ab_clocks c;
+  for (int i = 0; i < n && i <= AOTC_POOL_MAX; ++i)  // the kernel's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
+    c.id[c.n++] = (clockid_t)((~(unsigned long)tids[i] << 3) | 6);
+  return c.ns();
+}
+
+// Reads one float of every cache line of ``buf`` (``bytes`` long) on ``threads`` threads, so that the next
+// call finds its operands in neither core's L2 (nor, for a buffer past the L3, there): a hot loop keeps the
+// weights in cache, which a model's call, between other layers, does not.
+static void ab_evict(const float* buf, int64_t bytes, int threads) {
+  const int64_t lines = bytes / 64, chunks = 64;
+  aotc_pool_run(chunks, threads, [&](int64_t c, int) {
+    float sum = 0;
+    for (int64_t i = c * lines / chunks; i < (c + 1) * lines / chunks; ++i) sum += buf[i * 16];
+    __asm__ volatile("" : : "x"(sum));
+  });
+}
+
+// reps calls of c = epi(a[M, K] @ B + bias) on ``threads`` threads exactly; returns the fastest call in s:
+// with ``clock`` 0 its wall time, 1 the calling thread's CPU time, 2 its threads' (the caller's and the pool
+// workers': what the call took from the machine, spinning included; ab_clocks). With ``cold_bytes`` > 0, ``cold`` is read
+// before each call (ab_evict), outside the timed part.
 AB_EXPORT double ab_mm(int64_t M, int64_t N, int64_t K, const float* a, const float* bp, const float* bias,
-                       float* c, int gelu, int threads, int reps) {
+                       float* c, int gelu, int threads, int reps, int clock, const float* cold,
+                       int64_t cold_bytes) {
   aotc_pool_set_threads(-threads);
+  aotc_pool_run(threads, threads, [](int64_t, int) {});  // the pool's workers exist before ab_pool_clocks
+  const ab_clocks clocks = ab_pool_clocks();
+  auto now = [&]() { return clock == 0 ? aotc_now_ns() : clock == 1 ? ab_cpu_ns() : clocks.ns(); };
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
-    const int64_t t0 = threads == 1 ? ab_cpu_ns() : aotc_now_ns();
+    if (cold_bytes > 0) ab_evict(cold, cold_bytes, threads);
+    const int64_t t0 = now();
     {
       const aotc_pool_call call;
       aotc_matmul_packed<float>(1, M, N, K, a, [](int64_t) -> int64_t { return 0; }, K, 1, bp,
@@ -65,7 +120,7 @@ AB_EXPORT double ab_mm(int64_t M, int64_t N, int64_t K, const float* a, const fl
             }
           });
     }
-    const double s = (double)((threads == 1 ? ab_cpu_ns() : aotc_now_ns()) - t0) * 1e-9;
+    const double s = (double)(now() - t0) * 1e-9;
     best = s < best ? s : best;
   }
   return best;

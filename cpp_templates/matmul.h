@@ -73,6 +73,9 @@
 #ifndef AOTC_MM_TASKS_PER_THREAD
 #define AOTC_MM_TASKS_PER_THREAD 16  // at least, when the columns allow (see aotc_mm_drive)
 #endif
+#ifndef AOTC_MM_PANELS_BIG_A
+#define AOTC_MM_PANELS_BIG_A 4  // B panels per task at least when one row block of A outgrows L2 (aotc_mm_drive)
+#endif
 #ifndef AOTC_MM_PF_SPREAD
 #define AOTC_MM_PF_SPREAD 4  // steps of the micro-kernel per prefetched row of the next panel, at most
 #endif
@@ -546,6 +549,18 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   const int64_t MB = aotc_roundup((M + mblocks - 1) / mblocks, MR);
   int64_t NB = row_tasks ? aotc_roundup(N, NR) : aotc_mm_min(aotc_roundup(N, NR), AOTC_MM_NB);
   while (!row_tasks && NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
+  // Note (big A): a task walks K in slices, each slice of its A block against each of its panels, so every
+  // task reads all of its A block once. Past AOTC_MM_A_L2 (GPT-2's fc-proj, 128 x 768 x 3072: 1.6 MiB) the
+  // streaming B pushes A out of L2, and tasks of one panel (where the narrowing above ends on 2 threads)
+  // fetched all of A from L3 or the other core once per 32 columns. With one row block, tasks keep
+  // AOTC_MM_PANELS_BIG_A panels while every thread still gets one: 2 threads, CPU time, 31 interleaved
+  // rounds (cpu_matmul_ab.py --cpu-time [--cold]), against 1 panel: 128 x 768 x 3072 +7/+6% (hot/cold),
+  // 64 x 1024 x 4096 +3/+6%; 2 panels +2-8%, 8 panels within 3% of 4.
+  if (!row_tasks && batch * mblocks == 1 && (double)MB * (double)K * sizeof(T) > AOTC_MM_A_L2) {
+    const int64_t threads = by_work > 1 ? by_work : 1;
+    const int64_t floor = aotc_mm_min(AOTC_MM_PANELS_BIG_A * NR, aotc_roundup((N + threads - 1) / threads, NR));
+    NB = aotc_mm_min(NB < floor ? floor : NB, aotc_roundup(N, NR));
+  }
   const int64_t nblocks = (N + NB - 1) / NB;
   const int64_t tasks = batch * mblocks * nblocks;
   const int64_t kc_max = K < KC ? (K > 0 ? K : 1) : KC, kslices = K > 0 ? (K + KC - 1) / KC : 0;
@@ -735,6 +750,7 @@ int main() {
   for (int64_t m = 1; m <= 3 * AOTC_MM_MR + 1; ++m)  // every split of the last two strips (aotc_mm_strip)
     fails += aotc_mm_check(1, m, 2 * AOTC_MM_NR_F32 + 3, m % 3 == 0 ? 1 : 9);  // K = 1 too
   fails += aotc_mm_check(1, 64, 1, 500);       // one column, rows 4 x 12 + 8 + 8 on AVX-512
+  fails += aotc_mm_check(1, 37, 200, 7300);    // one row block of A past AOTC_MM_A_L2, N ragged: wide tasks
 #pragma omp parallel num_threads(2) reduction(+ : fails)
   fails += aotc_mm_check(2, 19, 40, 50);  // nested in a caller's parallel region: private workspaces
   return fails != 0;

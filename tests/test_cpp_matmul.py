@@ -141,13 +141,63 @@ def test_packed_matmul_matches_interp(name: str, level: str, built: dict[tuple[s
             np.testing.assert_allclose(g64, p64, rtol=tol, atol=tol, err_msg=f"{name} packed vs not at {level}")
 
 
-def test_thread_count_changes_nothing(built: dict[tuple[str, str, bool], Lib]) -> None:
-    lib = built[("odd_bias", LEVELS[-1], True)]
-    ins, ws = _data(PROGS["odd_bias"][0], {"s0": 37}, np.random.default_rng(1))
-    lib.lib.aotc_set_num_threads(1)
-    one = lib.run(ins, ws, {"s0": 37})
-    lib.lib.aotc_set_num_threads(0)
-    np.testing.assert_array_equal(one[0], lib.run(ins, ws, {"s0": 37})[0])
+# A wide A: few rows, K large (37 and 111 rows x 6000: one row block whose packed A is past AOTC_MM_A_L2 on
+# either level, so tasks keep AOTC_MM_PANELS_BIG_A panels), K no multiple of KC, N ragged. Checked against
+# torch in float64 (the interpreter is slow at this K).
+WIDE = _linear("wide_a", 37 * S0, 200, 6000, True, "bias")
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Lib]:
+    work = tmp_path_factory.mktemp("wide")
+
+    def one(level: str) -> Lib:
+        prog, packs = pack_plan(WIDE, level)
+        target = Target("cpu", level)
+        options = BuildOptions(targets=(target,))
+        return Lib(prog, compile_cpp(generate(prog, options), target, options, work / "cache"), work, packs)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(LEVELS, pool.map(one, LEVELS), strict=True))
+
+
+def _at_threads(lib: Lib, n: int, ins: list[np.ndarray], ws: list[np.ndarray], env: dict[str, int]) -> np.ndarray:
+    lib.lib.aotc_set_num_threads(-n)  # exactly n threads, whatever the policy would choose
+    try:
+        return lib.run(ins, ws, env)[0]
+    finally:
+        lib.lib.aotc_set_num_threads(0)
+
+
+@pytest.mark.skipif(not LEVELS, reason="needs AVX2")
+@pytest.mark.parametrize("level", LEVELS)
+def test_wide_a_matches_torch(level: str, wide: dict[str, Lib]) -> None:
+    import torch
+
+    rng = np.random.default_rng(2)
+    for s0 in (1, 3):
+        env = {"s0": s0}
+        ins, ws = _data(WIDE, env, rng)
+        x, w, bias = (torch.from_numpy(a).double() for a in (ins[0], *ws))
+        want = torch.addmm(bias, x, w.T).numpy()
+        got = _at_threads(wide[level], 2, ins, ws, env).astype(np.float64)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        # each output one fp32 sum down all of K: 2.6e-6 here (torch's fp32 addmm, blocked sums: 4e-7)
+        assert err < 1e-5, f"wide_a at {level}, s0={s0}: relative error {err:.2e}"
+
+
+@pytest.mark.skipif(not LEVELS, reason="needs AVX2")
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", ["wide_a", "odd_bias", "skinny_rows", "batched"])
+def test_thread_count_changes_nothing(name: str, level: str, built: dict[tuple[str, str, bool], Lib], wide: dict[str, Lib]) -> None:
+    """Every output bit alike on 1, 2 and 3 threads: tiles and tasks follow the thread count, the order of
+    each output's sum does not."""
+    lib, prog = (wide[level], WIDE) if name == "wide_a" else (built[(name, level, True)], PROGS[name][0])
+    env = {"s0": 3 if name == "wide_a" else 37}
+    ins, ws = _data(prog, env, np.random.default_rng(1))
+    one = _at_threads(lib, 1, ins, ws, env)
+    for n in (2, 3):
+        np.testing.assert_array_equal(one, _at_threads(lib, n, ins, ws, env), err_msg=f"{name} at {level}, {n} threads")
 
 
 def test_manifest_carries_packed_weights() -> None:
