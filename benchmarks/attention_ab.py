@@ -1,11 +1,13 @@
 """A/B of the CPU attention kernel alone (cpp_templates/attention.h): a git revision's templates against the
 working tree's, interleaved in one process, at the transformers' shapes.
 
-    python benchmarks/attention_ab.py [--base REV] [--level x86-64-v4|x86-64-v3] [--threads 1,2]
-        [--cases bert,bert_pad,gpt2_1,gpt2_4] [--rounds 15] [--reps 20] [--json OUT.json]
+    python benchmarks/attention_ab.py [--base REV[,REV2...]] [--dirs NAME=DIR,...] [--level x86-64-v4|x86-64-v3]
+        [--threads 1,2] [--cases bert,bert_pad,gpt2_1,gpt2_4] [--rounds 15] [--reps 20] [--json OUT.json]
 
 Each variant is benchmarks/attention_ab.cpp built into its own library (the flags of aot/compile.py at
---level) with the templates of REV (variant "base", default HEAD) or of the working tree ("tree"). Cases
+--level) with the templates of each REV (named by it; default HEAD), of each DIR (named NAME: revisions
+exported beforehand, for a machine without the git history), and of the working tree ("tree"); ratios and
+bit-identity are against the first variant. Cases
 read q/k/v as generated code reads them, heads of one fused QKV projection (attention_ab.cpp):
   bert      4x4 heads, 128 tokens, head dim 64, the bool mask along the queries only that BERT's exported
             extended mask becomes (all ones, as for unpadded input)
@@ -55,7 +57,7 @@ def build(name: str, templates: Path, level: str, work: Path) -> ctypes.CDLL:
 
 
 def base_templates(rev: str, work: Path) -> Path:
-    d = work / "base_templates"
+    d = work / f"templates_{rev.replace('/', '_')}"
     d.mkdir()
     names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:cpp_templates"],
                            check=True, capture_output=True, text=True).stdout.split()  # fmt: skip
@@ -85,6 +87,7 @@ def reference(qkv: np.ndarray, mask: np.ndarray | None, case: tuple[int, ...]) -
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="HEAD")
+    ap.add_argument("--dirs", default="")
     ap.add_argument("--level", default="x86-64-v4")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--cases", default=",".join(CASES))
@@ -93,8 +96,13 @@ def main() -> None:
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="attn_ab_"))
-    libs = {"base": build("base", base_templates(args.base, work), args.level, work),
-            "tree": build("tree", ROOT / "cpp_templates", args.level, work)}  # fmt: skip
+    libs = {}
+    for rev in (r for r in args.base.split(",") if r):
+        libs[rev] = build(rev.replace("/", "_"), base_templates(rev, work), args.level, work)
+    for item in (d for d in args.dirs.split(",") if d):
+        name, _, path = item.partition("=")
+        libs[name] = build(name, Path(path).resolve(), args.level, work)
+    libs["tree"] = build("tree", ROOT / "cpp_templates", args.level, work)
     rows = []
     for threads in (int(t) for t in args.threads.split(",")):
         for name in args.cases.split(","):
@@ -102,12 +110,10 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     if args.json:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.base], check=True, capture_output=True,
-                             text=True).stdout  # fmt: skip
         gxx = subprocess.run(["g++", "--version"], check=True, capture_output=True, text=True).stdout.splitlines()[0]
         doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "cpu": _cpu_model(), "level": args.level, "flags": FLAGS, "g++": gxx, "numpy": np.__version__,
-               "python": platform.python_version(), "base": rev.strip(), "rounds": args.rounds, "reps": args.reps,
+               "python": platform.python_version(), "variants": list(libs), "rounds": args.rounds, "reps": args.reps,
                "measure": "median over interleaved rounds of each round's median call; CPU time = process user+sys",
                "rows": rows}  # fmt: skip
         Path(args.json).write_text(json.dumps(doc, indent=1))
@@ -155,10 +161,11 @@ def bench(libs: dict[str, ctypes.CDLL], name: str, case: tuple[int, ...], thread
         row[f"{v}_cpu_ms"] = round(statistics.median(cpu[v]) * 1e3, 4)
         row[f"{v}_wall_ms"] = round(statistics.median(wall[v]) * 1e3, 4)
         row[f"{v}_err"] = float(np.abs(outs[v] - want).max())
-    row["tree_vs_base"] = round(row["base_cpu_ms"] / row["tree_cpu_ms"], 3)
-    diff = np.abs(outs["tree"] - outs["base"]).max()
-    row["bit_identical"] = bool(np.array_equal(outs["tree"].view(np.uint32), outs["base"].view(np.uint32)))
-    row["max_diff"] = float(diff)
+    first = next(iter(libs))
+    for v in list(libs)[1:]:
+        row[f"{v}_vs_{first}"] = round(row[f"{first}_cpu_ms"] / row[f"{v}_cpu_ms"], 3)
+        row[f"{v}_bit_identical"] = bool(np.array_equal(outs[v].view(np.uint32), outs[first].view(np.uint32)))
+        row[f"{v}_max_diff"] = float(np.abs(outs[v] - outs[first]).max())
     return row
 
 

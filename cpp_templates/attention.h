@@ -9,8 +9,8 @@
 // in the lanes: maxima, exps and sums need no horizontal reductions (one pass for the maxima, one for the
 // exps and sums, each keeping its running values in registers). The output accumulator (MB x Ev) is
 // rescaled by exp(old max - new max) and gets P @ V from the same micro-kernel (queries as the broadcast
-// rows, read from st down its columns; V rows read in place when they are contiguous floats, otherwise
-// packed). When the keys are done each row is divided by its sum (0 for a row with no key left: zeros,
+// rows, read from st down its columns; V rows from a block packed contiguous by the exp pass, which walks
+// the keys anyway). When the keys are done each row is divided by its sum (0 for a row with no key left: zeros,
 // as torch gives) and the epilogue functor gets the finished rows while they are in cache:
 //   epi(b, l0, lb, tile, ldt)  with  Acc(b, l, d) = tile[(l - l0) * ldt + d].
 // The epilogue runs inside the parallel region and must not throw.
@@ -238,10 +238,11 @@ static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const 
 // One pass down the nb rows of st (queries in the lanes), G vectors of lanes at a time so that the running
 // values stay in registers: without EXP, top = max(from, the column's maximum), after adding kb[j] (a
 // per-key mask as a bias, NULL for none) to row j in place; with EXP, every element becomes
-// exp(element - from) and sum gets the column's total added.
-template <bool EXP, int G>
+// exp(element - from) and sum gets the column's total added. ``row(j)`` runs before row j's vectors (the
+// exp pass packs V row j there, in the first group of lanes only).
+template <bool EXP, int G, class Row>
 static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const float* from, const float* kb, float* top,
-                                    float* sum, const char* pf, int64_t pf_stride, int64_t pf_bytes) {
+                                    float* sum, Row&& row) {
   const int vl = aotc_attn_vl;
   aotc_attn_v run[G], base[G];
 #pragma GCC unroll 4
@@ -250,7 +251,7 @@ static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const fl
     run[g] = EXP ? aotc_attn_load(sum + g * vl) : base[g];
   }
   for (int64_t j = 0; j < nb; ++j) {
-    for (int64_t o = 0; o < pf_bytes; o += 64) __builtin_prefetch(pf + j * pf_stride + o);
+    row(j);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       aotc_attn_v x = aotc_attn_load(st + j * lds + g * vl);
@@ -271,18 +272,36 @@ static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const fl
   for (int g = 0; g < G; ++g) aotc_attn_store((EXP ? sum : top) + g * vl, run[g]);
 }
 
-// aotc_attn_column over all lbp lanes (a multiple of the vector width); the first pass over the rows also
-// prefetches pf_bytes at pf + j * pf_stride for each row j (the exp pass: the V rows P @ V reads next).
-template <bool EXP>
+// aotc_attn_column over all lbp lanes (a multiple of the vector width), ``row`` in the first pass only.
+template <bool EXP, class Row>
 static inline void aotc_attn_columns(int64_t nb, float* st, int64_t lbp, const float* from, const float* kb, float* top,
-                                     float* sum, const void* pf = NULL, int64_t pf_stride = 0, int64_t pf_bytes = 0) {
+                                     float* sum, Row&& row) {
   const int64_t vl = aotc_attn_vl;
-  const char* p = static_cast<const char*>(pf);
+  auto none = [](int64_t) {};
   int64_t c = 0;
-  for (; c + 4 * vl <= lbp; c += 4 * vl, pf_bytes = 0)
-    aotc_attn_column<EXP, 4>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, p, pf_stride, pf_bytes);
-  for (; c < lbp; c += vl, pf_bytes = 0)
-    aotc_attn_column<EXP, 1>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, p, pf_stride, pf_bytes);
+  if (c + 4 * vl <= lbp) {
+    aotc_attn_column<EXP, 4>(nb, st, lbp, from, kb, top, sum, row);
+    c += 4 * vl;
+  } else {
+    aotc_attn_column<EXP, 1>(nb, st, lbp, from, kb, top, sum, row);
+    c += vl;
+  }
+  for (; c + 4 * vl <= lbp; c += 4 * vl)
+    aotc_attn_column<EXP, 4>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, none);
+  for (; c < lbp; c += vl)
+    aotc_attn_column<EXP, 1>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, none);
+}
+
+// vb[j * evp + d] = v row ``j`` (element d at v[at + d * sve]) for d < Ev, zeros up to evp: V packed into
+// whole vectors of contiguous rows, as P @ V reads it.
+template <class SV>
+static inline void aotc_attn_pack_v_row(const SV* v, int64_t at, int64_t sve, int64_t Ev, int64_t evp, float* vb) {
+  int64_t d = 0;
+  if constexpr (std::is_same<SV, float>::value) {
+    if (sve == 1)
+      for (; d + aotc_attn_vl <= Ev; d += aotc_attn_vl) aotc_attn_store(vb + d, aotc_attn_load(v + at + d));
+  }
+  for (; d < evp; ++d) vb[d] = d < Ev ? (float)aotc_elem<SV>::load(v, at + d * sve) : 0.0f;
 }
 
 // qt[e * lbp + r] = scale * q[at + r * sql + e * sqe] for rows r < lb (rows lb .. lbp are zeros): the query
@@ -352,19 +371,17 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
   const int64_t blocks = (L + MB - 1) / MB;
   const int64_t tasks = nbatch * blocks;
   if (tasks <= 0) return;
-  // V rows are read in place when they are contiguous floats of whole vectors, otherwise packed per block.
-  const bool v_direct = std::is_same<SV, float>::value && sve == 1 && Ev % vl == 0;
   const double flops = 2.0 * (double)nbatch * (double)L * (double)S * (double)(E + Ev);
   const bool par = flops >= AOTC_ATTN_MIN_PAR_FLOPS;
   // per thread: Q^T, transposed scores, V block, output rows, running max, sum, block max, rescale, row
   // scale, key bias
-  const int64_t per = E * MB + NB * MB + (v_direct ? 0 : NB * evp) + MB * evp + 5 * MB + NB + 16;
+  const int64_t per = E * MB + NB * MB + NB * evp + MB * evp + 5 * MB + NB + 16;
   // one task: query block l0 of batch position b, in a thread's workspace ``ws`` of ``per`` floats
   auto task = [&](int64_t t, float* ws) {
     float* qt = ws;
     float* st = qt + E * MB;
     float* vb = st + NB * MB;
-    float* out = vb + (v_direct ? 0 : NB * evp);
+    float* out = vb + NB * evp;
     float* mx = out + MB * evp;
     float* sum = mx + MB;
     float* top = sum + MB;
@@ -426,7 +443,7 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
         }
       }
       // the online softmax, queries in the lanes
-      if (masked) aotc_attn_columns<false>(nb, st, lbp, mx, by_key ? kb : NULL, top, NULL);
+      if (masked) aotc_attn_columns<false>(nb, st, lbp, mx, by_key ? kb : NULL, top, NULL, [](int64_t) {});
 #pragma omp simd
       for (int64_t r = 0; r < lbp; ++r) {
         // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0
@@ -436,8 +453,16 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
         top[r] = base;
         sum[r] *= alpha[r];
       }
-      const int64_t vsz = (int64_t)sizeof(SV), vrow = sve == 1 ? Ev * vsz : 0;  // prefetch V rows when contiguous
-      aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum, v + vo + j0 * svs, svs * vsz, vrow);
+      // the exps, V packed row by row on the way: read in place, rows a fused QKV's stride apart (BERT's
+      // 768 floats, 3 KiB) fall in a quarter of L1's sets and P @ V, which reads the block once per 6-8
+      // query rows, gets them from L2
+      const SV* vr = v + vo + j0 * svs;
+      const int64_t vrow = sve == 1 ? Ev * (int64_t)sizeof(SV) : 0;  // prefetched 4 rows ahead when contiguous
+      aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum, [&](int64_t j) {
+        const char* ahead = reinterpret_cast<const char*>(vr + (j + 4) * svs);
+        for (int64_t o = 0; o < vrow && j + 4 < nb; o += 64) __builtin_prefetch(ahead + o);
+        aotc_attn_pack_v_row<SV>(vr, j * svs, sve, Ev, evp, vb + j * evp);
+      });
       for (int64_t r = 0; r < lb && j0 > 0; ++r) {  // the first block writes out rather than adding to it
         if (alpha[r] != 1.0f) {
           float* o = out + r * evp;
@@ -446,14 +471,8 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
           for (int64_t d = 0; d < evp; ++d) o[d] *= a;
         }
       }
-      if (!v_direct) {
-        for (int64_t j = 0; j < nb; ++j)
-          for (int64_t d = 0; d < evp; ++d)
-            vb[j * evp + d] = d < Ev ? (float)aotc_elem<SV>::load(v, vo + (j0 + j) * svs + d * sve) : 0.0f;
-      }
-      const float* vp = v_direct ? reinterpret_cast<const float*>(v) + vo + j0 * svs : vb;
       // out[r] += sum_j st[j][r] * v[j]
-      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vp, v_direct ? svs : evp, out, evp, j0 > 0);
+      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vb, evp, out, evp, j0 > 0);
     }
     for (int64_t r = 0; r < lb; ++r) {
       // a row that attended to nothing has sum 0 and gives zeros (as torch does); a NaN sum stays NaN
