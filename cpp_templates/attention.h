@@ -94,11 +94,27 @@ static inline aotc_attn_v aotc_attn_load(const float* p) {
 
 static inline void aotc_attn_store(float* p, aotc_attn_v v) { memcpy(p, &v, sizeof v); }
 
-// e^x per lane for the softmax, where x = score - running max <= 0 (or NaN, which it keeps): Cody-Waite
-// reduction x = n ln2 + r and Cephes' degree-6 polynomial as in aotc_expf (aotc_cpu.h), here with FMAs
-// and 2^n applied by scalef (AVX-512) or the exponent bits (AVX2). Arguments below -87.3 give exactly 0
-// (true values there are subnormal, below 1.2e-38), so a masked score (-inf) weighs nothing.
-static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x) {
+// The lanes an exp keeps (the others give 0): a k-mask on AVX-512, a mask vector (all ones: kept) elsewhere.
+#if AOTC_ATTN_VBYTES == 64
+typedef __mmask16 aotc_attn_keep;
+static inline aotc_attn_keep aotc_attn_keep_all() { return (__mmask16)0xffff; }
+// the lanes whose index (``lane``, as floats) is at least ``first``: a causal block's row of keys
+static inline aotc_attn_keep aotc_attn_keep_from(aotc_attn_v lane, aotc_attn_v first) {
+  return _mm512_cmp_ps_mask((__m512)lane, (__m512)first, _CMP_GE_OQ);
+}
+#else
+typedef int32_t aotc_attn_keep __attribute__((vector_size(AOTC_ATTN_VBYTES)));
+static inline aotc_attn_keep aotc_attn_keep_all() { return aotc_attn_keep{} == 0; }
+static inline aotc_attn_keep aotc_attn_keep_from(aotc_attn_v lane, aotc_attn_v first) { return lane >= first; }
+#endif
+
+// e^x per lane for the softmax, where x = score - running max <= 0 (or NaN, which it keeps), and 0 in the
+// lanes ``keep`` leaves out: Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial as in
+// aotc_expf (aotc_cpu.h), here with FMAs and 2^n applied by scalef (AVX-512) or the exponent bits (AVX2).
+// Arguments below -87.3 give exactly 0 (true values there are subnormal, below 1.2e-38), so a masked score
+// (-inf) weighs nothing. Those lanes are not clamped first: whatever they compute (NaN for -inf, a wrapped
+// exponent on AVX2) is dropped by the same mask as the masked lanes (AVX-512: scalef's zeroing mask).
+static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x, aotc_attn_keep keep) {
 #if AOTC_ATTN_VBYTES == 64 || (AOTC_ATTN_VBYTES == 32 && defined(__FMA__) && defined(__AVX2__))
 #if AOTC_ATTN_VBYTES == 64
 #define AOTC_ATTN_PS(op) _mm512_##op##_ps
@@ -107,8 +123,7 @@ static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x) {
 #define AOTC_ATTN_PS(op) _mm256_##op##_ps
   typedef __m256 V;
 #endif
-  const aotc_attn_v lo = aotc_attn_set1(-87.3f);
-  const V v = (V)(lo > x ? lo : x);  // NaN stays NaN
+  const V v = (V)x, lo = AOTC_ATTN_PS(set1)(-87.3f);
   const V t = AOTC_ATTN_PS(mul)(v, AOTC_ATTN_PS(set1)(1.44269504088896341f));
 #if AOTC_ATTN_VBYTES == 64
   // the maskz forms: gcc 12's plain ones read an uninitialised vector (a -Wuninitialized false alarm)
@@ -127,18 +142,18 @@ static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x) {
   p = AOTC_ATTN_PS(fmadd)(p, AOTC_ATTN_PS(mul)(r, r), r);
   p = AOTC_ATTN_PS(add)(p, AOTC_ATTN_PS(set1)(1.0f));
 #if AOTC_ATTN_VBYTES == 64
-  const V out = _mm512_maskz_scalef_ps((__mmask16)0xffff, p, n);
-  const __mmask16 low = _mm512_cmp_ps_mask((V)x, (V)lo, _CMP_LT_OQ);
-  return (aotc_attn_v)_mm512_maskz_mov_ps((__mmask16)~low, out);
-#else  // n >= -126 here, so 2^n is a normal float built from its exponent bits
+  keep = _mm512_mask_cmp_ps_mask(keep, v, lo, _CMP_NLT_UQ);  // x >= -87.3 or NaN
+  return (aotc_attn_v)_mm512_maskz_scalef_ps(keep, p, n);
+#else  // n >= -126 in the kept lanes, so 2^n is a normal float built from its exponent bits
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const V out = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return (aotc_attn_v)_mm256_andnot_ps(_mm256_cmp_ps((V)x, (V)lo, _CMP_LT_OQ), out);
+  const V low = _mm256_cmp_ps(v, lo, _CMP_LT_OQ);
+  return (aotc_attn_v)_mm256_and_ps(_mm256_andnot_ps(low, out), _mm256_castsi256_ps((__m256i)keep));
 #endif
 #undef AOTC_ATTN_PS
 #else
   aotc_attn_v out;
-  for (int i = 0; i < aotc_attn_vl; ++i) out[i] = x[i] < -87.3f ? 0.0f : aotc_expf(x[i]);
+  for (int i = 0; i < aotc_attn_vl; ++i) out[i] = x[i] < -87.3f || !keep[i] ? 0.0f : aotc_expf(x[i]);
   return out;
 #endif
 }
@@ -256,7 +271,7 @@ static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const fl
     for (int g = 0; g < G; ++g) {
       aotc_attn_v x = aotc_attn_load(st + j * lds + g * vl);
       if (EXP) {
-        const aotc_attn_v e = aotc_attn_exp(x - base[g]);
+        const aotc_attn_v e = aotc_attn_exp(x - base[g], aotc_attn_keep_all());
         aotc_attn_store(st + j * lds + g * vl, e);
         run[g] += e;
       } else {
@@ -292,16 +307,16 @@ static inline void aotc_attn_columns(int64_t nb, float* st, int64_t lbp, const f
     aotc_attn_column<EXP, 1>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, none);
 }
 
-// vb[j * evp + d] = v row ``j`` (element d at v[at + d * sve]) for d < Ev, zeros up to evp: V packed into
-// whole vectors of contiguous rows, as P @ V reads it.
-template <class SV>
+// vb[d] = v[at + d * sve] for d < Ev, zeros up to evp: a V row packed into whole vectors, as P @ V reads it.
+// WHOLE: contiguous floats of whole vectors (Ev == evp), copied by vectors (no tail loop: a zero fill in the
+// exp pass's loop became a memset call, around which gcc kept the loop's running values on the stack).
+template <bool WHOLE, class SV>
 static inline void aotc_attn_pack_v_row(const SV* v, int64_t at, int64_t sve, int64_t Ev, int64_t evp, float* vb) {
-  int64_t d = 0;
-  if constexpr (std::is_same<SV, float>::value) {
-    if (sve == 1)
-      for (; d + aotc_attn_vl <= Ev; d += aotc_attn_vl) aotc_attn_store(vb + d, aotc_attn_load(v + at + d));
+  if constexpr (WHOLE && std::is_same<SV, float>::value) {
+    for (int64_t d = 0; d < evp; d += aotc_attn_vl) aotc_attn_store(vb + d, aotc_attn_load(v + at + d));
+  } else {
+    for (int64_t d = 0; d < evp; ++d) vb[d] = d < Ev ? (float)aotc_elem<SV>::load(v, at + d * sve) : 0.0f;
   }
-  for (; d < evp; ++d) vb[d] = d < Ev ? (float)aotc_elem<SV>::load(v, at + d * sve) : 0.0f;
 }
 
 // qt[e * lbp + r] = scale * q[at + r * sql + e * sqe] for rows r < lb (rows lb .. lbp are zeros): the query
@@ -458,11 +473,15 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       // query rows, gets them from L2
       const SV* vr = v + vo + j0 * svs;
       const int64_t vrow = sve == 1 ? Ev * (int64_t)sizeof(SV) : 0;  // prefetched 4 rows ahead when contiguous
-      aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum, [&](int64_t j) {
-        const char* ahead = reinterpret_cast<const char*>(vr + (j + 4) * svs);
-        for (int64_t o = 0; o < vrow && j + 4 < nb; o += 64) __builtin_prefetch(ahead + o);
-        aotc_attn_pack_v_row<SV>(vr, j * svs, sve, Ev, evp, vb + j * evp);
-      });
+      auto exps = [&](auto whole) {
+        aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum, [=](int64_t j) {
+          const char* ahead = reinterpret_cast<const char*>(vr + (j + 4) * svs);
+          for (int64_t o = 0; o < vrow && j + 4 < nb; o += 64) __builtin_prefetch(ahead + o);
+          aotc_attn_pack_v_row<decltype(whole)::value, SV>(vr, j * svs, sve, Ev, evp, vb + j * evp);
+        });
+      };
+      if (std::is_same<SV, float>::value && sve == 1 && Ev == evp) exps(std::true_type());
+      else exps(std::false_type());
       for (int64_t r = 0; r < lb && j0 > 0; ++r) {  // the first block writes out rather than adding to it
         if (alpha[r] != 1.0f) {
           float* o = out + r * evp;
