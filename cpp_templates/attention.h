@@ -160,6 +160,15 @@ static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x, aotc_attn_keep keep) {
 
 static inline aotc_attn_v aotc_attn_max(aotc_attn_v a, aotc_attn_v b) { return a > b ? a : b; }
 
+// aotc_attn_max(a, b) in the lanes ``keep`` keeps, b in the others
+static inline aotc_attn_v aotc_attn_max_kept(aotc_attn_v a, aotc_attn_v b, aotc_attn_keep keep) {
+#if AOTC_ATTN_VBYTES == 64
+  return (aotc_attn_v)_mm512_mask_max_ps((__m512)b, keep, (__m512)a, (__m512)b);  // b where a is NaN, as above
+#else
+  return keep ? aotc_attn_max(a, b) : b;
+#endif
+}
+
 // c[i][0 .. NV vectors) (+)= sum_k a[i * sai + k * sak] * b[k * ldb + ...] for R rows: the shared shape of
 // the transposed scores (a = K rows, b = Q^T) and of P @ V (a = P down the columns of st, b = V). With
 // ``cmax``, cmax[0 .. NV vectors) also becomes the maximum of itself and the R rows of c, while they are
@@ -251,60 +260,90 @@ static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const 
 }
 
 // One pass down the nb rows of st (queries in the lanes), G vectors of lanes at a time so that the running
-// values stay in registers: without EXP, top = max(from, the column's maximum), after adding kb[j] (a
-// per-key mask as a bias, NULL for none) to row j in place; with EXP, every element becomes
-// exp(element - from) and sum gets the column's total added. ``row(j)`` runs before row j's vectors (the
-// exp pass packs V row j there, in the first group of lanes only).
-template <bool EXP, int G, class Row>
-static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const float* from, const float* kb, float* top,
-                                    float* sum, Row&& row) {
+// values stay in registers: without EXP, top = max(from, the column's maximum); with EXP, every element
+// becomes exp(element - from) and sum gets the column's total added. ``row(j)`` runs before row j's
+// vectors (the exp pass packs V row j there, in the first group of lanes only).
+// Masks, applied in registers rather than by writing -inf into st in a pass of their own:
+// - causal: row j keeps the lanes from ``diag + j`` on (lanes counted from st's first): a lane left out
+//   does not count in the maximum and its exp is 0 (the kept lanes compute exactly what they did when
+//   the others held -inf); rows with diag + j <= 0 keep every lane and take the loop without the mask.
+// - KEYS 1: kb[j] is 0 or -inf, a bool mask per key: a -inf row is passed over by the max pass and
+//   becomes zeros in the exp pass, with no exps. KEYS 2: kb[j] is added to row j in place (max pass).
+template <bool EXP, int G, int KEYS, class Row>
+static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const float* from, const float* kb, int64_t diag,
+                                    float* top, float* sum, Row&& row) {
   const int vl = aotc_attn_vl;
-  aotc_attn_v run[G], base[G];
+  aotc_attn_v run[G], base[G], lane[G];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     base[g] = aotc_attn_load(from + g * vl);
     run[g] = EXP ? aotc_attn_load(sum + g * vl) : base[g];
+    for (int i = 0; i < vl; ++i) lane[g][i] = (float)(g * vl + i);
   }
-  for (int64_t j = 0; j < nb; ++j) {
+  auto step = [&](int64_t j, auto causal) {
     row(j);
+    if (KEYS == 1 && kb[j] != 0.0f) {
+      if (EXP)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) aotc_attn_store(st + j * lds + g * vl, aotc_attn_set1(0.0f));
+      return;
+    }
+    const aotc_attn_v first = aotc_attn_set1(decltype(causal)::value ? (float)(diag + j) : 0.0f);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
+      const aotc_attn_keep keep = decltype(causal)::value ? aotc_attn_keep_from(lane[g], first) : aotc_attn_keep_all();
       aotc_attn_v x = aotc_attn_load(st + j * lds + g * vl);
       if (EXP) {
-        const aotc_attn_v e = aotc_attn_exp(x - base[g], aotc_attn_keep_all());
+        const aotc_attn_v e = aotc_attn_exp(x - base[g], keep);
         aotc_attn_store(st + j * lds + g * vl, e);
         run[g] += e;
       } else {
-        if (kb) {
+        if (KEYS == 2) {
           x += aotc_attn_set1(kb[j]);
           aotc_attn_store(st + j * lds + g * vl, x);
         }
-        run[g] = aotc_attn_max(x, run[g]);  // a NaN score is passed over here and poisons the sum instead
+        // a NaN score is passed over here and poisons the sum instead
+        run[g] = decltype(causal)::value ? aotc_attn_max_kept(x, run[g], keep) : aotc_attn_max(x, run[g]);
       }
     }
-  }
+  };
+  const int64_t plain = diag >= 1 ? 0 : (1 - diag < nb ? 1 - diag : nb);  // rows [0, plain) keep every lane
+  int64_t j = 0;
+  for (; j < plain; ++j) step(j, std::false_type());
+  for (; j < nb; ++j) step(j, std::true_type());
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) aotc_attn_store((EXP ? sum : top) + g * vl, run[g]);
 }
 
-// aotc_attn_column over all lbp lanes (a multiple of the vector width), ``row`` in the first pass only.
-template <bool EXP, class Row>
-static inline void aotc_attn_columns(int64_t nb, float* st, int64_t lbp, const float* from, const float* kb, float* top,
-                                     float* sum, Row&& row) {
+// aotc_attn_column over all lbp lanes (a multiple of the vector width), ``row`` in the first pass only;
+// ``keys``: the column's KEYS.
+template <bool EXP, int KEYS, class Row>
+static inline void aotc_attn_columns_k(int64_t nb, float* st, int64_t lbp, const float* from, const float* kb,
+                                       int64_t diag, float* top, float* sum, Row&& row) {
   const int64_t vl = aotc_attn_vl;
   auto none = [](int64_t) {};
   int64_t c = 0;
   if (c + 4 * vl <= lbp) {
-    aotc_attn_column<EXP, 4>(nb, st, lbp, from, kb, top, sum, row);
+    aotc_attn_column<EXP, 4, KEYS>(nb, st, lbp, from, kb, diag, top, sum, row);
     c += 4 * vl;
   } else {
-    aotc_attn_column<EXP, 1>(nb, st, lbp, from, kb, top, sum, row);
+    aotc_attn_column<EXP, 1, KEYS>(nb, st, lbp, from, kb, diag, top, sum, row);
     c += vl;
   }
   for (; c + 4 * vl <= lbp; c += 4 * vl)
-    aotc_attn_column<EXP, 4>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, none);
+    aotc_attn_column<EXP, 4, KEYS>(nb, st + c, lbp, from + c, kb, diag - c, top ? top + c : NULL, sum ? sum + c : NULL,
+                                   none);
   for (; c < lbp; c += vl)
-    aotc_attn_column<EXP, 1>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, none);
+    aotc_attn_column<EXP, 1, KEYS>(nb, st + c, lbp, from + c, kb, diag - c, top ? top + c : NULL, sum ? sum + c : NULL,
+                                   none);
+}
+
+template <bool EXP, class Row>
+static inline void aotc_attn_columns(int64_t nb, float* st, int64_t lbp, const float* from, int keys, const float* kb,
+                                     int64_t diag, float* top, float* sum, Row&& row) {
+  if (keys == 1) aotc_attn_columns_k<EXP, 1>(nb, st, lbp, from, kb, diag, top, sum, row);
+  else if (keys == 2 && !EXP) aotc_attn_columns_k<EXP, 2>(nb, st, lbp, from, kb, diag, top, sum, row);
+  else aotc_attn_columns_k<EXP, 0>(nb, st, lbp, from, kb, diag, top, sum, row);
 }
 
 // vb[d] = v[at + d * sve] for d < Ev, zeros up to evp: a V row packed into whole vectors, as P @ V reads it.
@@ -439,26 +478,24 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
           kb[j] = mask_kind == 2 ? val : (val == 0 ? -INFINITY : 0.0f);
         }
       }
-      if (elementwise || (causal && j0 + nb > l0 + 1)) {
+      if (elementwise) {
         for (int64_t j = 0; j < nb; ++j) {
           float* s = st + j * lbp;
-          const int64_t key = j0 + j, mk = mo + key * sms;
-          if (elementwise && mask_kind == 1) {
+          const int64_t mk = mo + (j0 + j) * sms;
+          if (mask_kind == 1) {
 #pragma omp simd
             for (int64_t r = 0; r < lb; ++r) s[r] = aotc_elem<SM>::load(m, mk + (l0 + r) * sml) == 0 ? -INFINITY : s[r];
-          } else if (elementwise) {
+          } else {
 #pragma omp simd
             for (int64_t r = 0; r < lb; ++r) s[r] += (float)aotc_elem<SM>::load(m, mk + (l0 + r) * sml);
           }
-          if (causal) {
-            const int64_t first = key - l0;  // rows r < first see keys only up to l0 + r < key
-#pragma omp simd
-            for (int64_t r = 0; r < lbp; ++r) s[r] = r < first ? -INFINITY : s[r];
-          }
         }
       }
-      // the online softmax, queries in the lanes
-      if (masked) aotc_attn_columns<false>(nb, st, lbp, mx, by_key ? kb : NULL, top, NULL, [](int64_t) {});
+      // the online softmax, queries in the lanes; causal: row j (key j0 + j) keeps the queries l0 + r >=
+      // j0 + j, the lanes from diag + j on (the block's keys up to l0 are seen by every row: diag < 1)
+      const int keys = by_key ? mask_kind : 0;
+      const int64_t diag = causal ? j0 - l0 : -nb;
+      if (masked) aotc_attn_columns<false>(nb, st, lbp, mx, keys, kb, diag, top, NULL, [](int64_t) {});
 #pragma omp simd
       for (int64_t r = 0; r < lbp; ++r) {
         // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0
@@ -474,7 +511,7 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       const SV* vr = v + vo + j0 * svs;
       const int64_t vrow = sve == 1 ? Ev * (int64_t)sizeof(SV) : 0;  // prefetched 4 rows ahead when contiguous
       auto exps = [&](auto whole) {
-        aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum, [=](int64_t j) {
+        aotc_attn_columns<true>(nb, st, lbp, top, keys, kb, diag, NULL, sum, [=](int64_t j) {
           const char* ahead = reinterpret_cast<const char*>(vr + (j + 4) * svs);
           for (int64_t o = 0; o < vrow && j + 4 < nb; o += 64) __builtin_prefetch(ahead + o);
           aotc_attn_pack_v_row<decltype(whole)::value, SV>(vr, j * svs, sve, Ev, evp, vb + j * evp);
