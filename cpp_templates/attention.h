@@ -496,14 +496,23 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       const int keys = by_key ? mask_kind : 0;
       const int64_t diag = causal ? j0 - l0 : -nb;
       if (masked) aotc_attn_columns<false>(nb, st, lbp, mx, keys, kb, diag, top, NULL, [](int64_t) {});
+      // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0; the first block has
+      // nothing to rescale (sum and out are empty: alpha would be exp(-inf) = 0)
+      if (j0 == 0) {
 #pragma omp simd
-      for (int64_t r = 0; r < lbp; ++r) {
-        // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0
-        const float base = top[r] == -INFINITY ? 0.0f : top[r];
-        alpha[r] = aotc_exp(mx[r] - base);
-        mx[r] = top[r];
-        top[r] = base;
-        sum[r] *= alpha[r];
+        for (int64_t r = 0; r < lbp; ++r) {
+          mx[r] = top[r];
+          top[r] = top[r] == -INFINITY ? 0.0f : top[r];
+        }
+      } else {
+#pragma omp simd
+        for (int64_t r = 0; r < lbp; ++r) {
+          const float base = top[r] == -INFINITY ? 0.0f : top[r];
+          alpha[r] = aotc_exp(mx[r] - base);
+          mx[r] = top[r];
+          top[r] = base;
+          sum[r] *= alpha[r];
+        }
       }
       // the exps, V packed row by row on the way: read in place, rows a fused QKV's stride apart (BERT's
       // 768 floats, 3 KiB) fall in a quarter of L1's sets and P @ V, which reads the block once per 6-8
