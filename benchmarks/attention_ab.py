@@ -14,9 +14,13 @@ read q/k/v as generated code reads them, heads of one fused QKV projection (atte
   bert_pad  the same with a key-padding bool mask [4, 1, 1, 128] (lengths 128, 105, 82, 59)
   gpt2_1    GPT-2 small's causal attention, 1x12 heads, 128 tokens, 64
   gpt2_4    the same at batch 4
-Every round calls each variant in turn for --reps calls and keeps the median call; the figure is the median
-over rounds of the calls' CPU time (user + sys of the process, all threads), wall time beside it. Outputs are
-checked against a float64 reference and against each other (bit-identical or the largest difference).
+Every round calls each variant in turn (after a pause, so that the other variant's pool workers are asleep)
+for --reps calls and keeps the median call; the figure (``ms``) is the median over rounds of the calls' CPU
+time on one thread (it leaves out the time slices that other processes take on a loaded machine) and of
+their wall time on more (on a machine whose cores are busy the second thread's share comes and goes:
+compare interleaved medians only, next to the 1-thread figure); wall time beside it. Outputs are checked
+against a float64 reference and against each other (bit-identical or the largest difference).
+The dirs form: python benchmarks/attention_ab.py --base "" --dirs before=/tmp/t0,after=/tmp/t1 ...
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ def main() -> None:
         doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "cpu": _cpu_model(), "level": args.level, "flags": FLAGS, "g++": gxx, "numpy": np.__version__,
                "python": platform.python_version(), "variants": list(libs), "rounds": args.rounds, "reps": args.reps,
-               "measure": "median over interleaved rounds of each round's median call; CPU time = process user+sys",
+               "measure": "median over interleaved rounds of each round's median call; ms: CPU time on 1 thread, wall on more",
                "rows": rows}  # fmt: skip
         Path(args.json).write_text(json.dumps(doc, indent=1))
 
@@ -140,7 +144,7 @@ def bench(libs: dict[str, ctypes.CDLL], name: str, case: tuple[int, ...], thread
     secs = np.zeros(2 * reps)
 
     def call(v: str, count: int) -> tuple[float, float]:
-        time.sleep(0.005)  # the other library's pool workers stop spinning (50 us) and sleep: no CPU time of theirs
+        time.sleep(0.005)  # the other library's pool workers stop spinning (50 us) and sleep
         m = mask.ctypes.data if mask is not None else None
         libs[v].ab_attn(b, h, n, n, e, ld, causal, mask_by, qkv.ctypes.data, m, outs[v].ctypes.data, threads, count,
                         secs.ctypes.data)  # fmt: skip
@@ -158,12 +162,12 @@ def bench(libs: dict[str, ctypes.CDLL], name: str, case: tuple[int, ...], thread
     want = reference(qkv, mask, case)
     row: dict = {"case": name, "threads": threads}
     for v in libs:
-        row[f"{v}_cpu_ms"] = round(statistics.median(cpu[v]) * 1e3, 4)
+        row[f"{v}_ms"] = round(statistics.median(cpu[v]) * 1e3, 4)
         row[f"{v}_wall_ms"] = round(statistics.median(wall[v]) * 1e3, 4)
         row[f"{v}_err"] = float(np.abs(outs[v] - want).max())
     first = next(iter(libs))
     for v in list(libs)[1:]:
-        row[f"{v}_vs_{first}"] = round(row[f"{first}_cpu_ms"] / row[f"{v}_cpu_ms"], 3)
+        row[f"{v}_vs_{first}"] = round(row[f"{first}_ms"] / row[f"{v}_ms"], 3)
         row[f"{v}_bit_identical"] = bool(np.array_equal(outs[v].view(np.uint32), outs[first].view(np.uint32)))
         row[f"{v}_max_diff"] = float(np.abs(outs[v] - outs[first]).max())
     return row
