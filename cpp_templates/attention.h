@@ -471,7 +471,12 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       mx[r] = -INFINITY;
       sum[r] = 0.0f;
     }
-    const int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
+    int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
+    // Keys past the last one a bool key mask keeps (padding) weigh exactly 0: the key blocks end there.
+    // The other keys' sums and products run in the same order, so the result is the same to the bit,
+    // except that a NaN or inf in a padded V row no longer turns its 0 weight into NaN (0 * inf).
+    if (by_key && mask_kind == 1)
+      while (hi > 0 && aotc_elem<SM>::load(m, mo + (hi - 1) * sms) == 0) --hi;
     if (hi <= 0) memset(out, 0, sizeof(float) * lbp * evp);  // no keys: zeros
     for (int64_t j0 = 0; j0 < hi; j0 += NB) {
       const int64_t nb = hi - j0 < NB ? hi - j0 : NB;
@@ -602,6 +607,8 @@ static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool 
     add[i] = 2.0f * rnd();
   }
   for (int64_t j = 0; j < S; ++j) keep[5 * S + j] = false;  // row 5 attends to nothing: zeros
+  if (msl == 0)  // a key-padding mask: the last keys masked (the key blocks end at the last kept one)
+    for (int64_t j = S - S / 4; j < S; ++j) keep[j * mss] = false;
   const float scale = 0.3f;
   auto kv = [=](int64_t b) { return (b / H) * (H / G) + (b % H) / G; };
   auto epi = [&](int64_t b, int64_t l0, int64_t lb, const float* tile, int64_t ldt) {
