@@ -23,13 +23,16 @@ static int64_t ab_clock_ns(clockid_t id) {
 // leaves out the time slices other processes take on a loaded machine), its wall time on more, and
 // secs[2 * r + 1] its wall time. (The process's CPU clock is no measure of a 0.2 ms call on two threads: the
 // other threads' time is folded into it at scheduler ticks, mostly outside the call.)
+// ``ld`` 0: q, k and v are three tensors [B, H, L, E] instead (SDPA called on contiguous heads), one after
+// another in ``qkv``.
 AB_EXPORT void ab_attn(int64_t B, int64_t H, int64_t L, int64_t S, int64_t E, int64_t ld, int causal, int mask_by,
                        const float* qkv, const bool* mask, float* out, int threads, int reps, double* secs) {
   aotc_pool_set_threads(-threads);
-  const int64_t HE = H * E;
-  auto qo = [=](int64_t b) { return (b / H) * L * ld + (b % H) * E; };
-  auto ko = [=](int64_t b) { return (b / H) * S * ld + HE + (b % H) * E; };
-  auto vo = [=](int64_t b) { return (b / H) * S * ld + 2 * HE + (b % H) * E; };
+  const int64_t HE = H * E, whole = B * H * L * E;
+  auto qo = [=](int64_t b) { return ld ? (b / H) * L * ld + (b % H) * E : b * L * E; };
+  auto ko = [=](int64_t b) { return ld ? (b / H) * S * ld + HE + (b % H) * E : whole + b * S * E; };
+  auto vo = [=](int64_t b) { return ld ? (b / H) * S * ld + 2 * HE + (b % H) * E : 2 * whole + b * S * E; };
+  const int64_t row = ld ? ld : E;
   auto mo = [=](int64_t b) { return mask_by == 2 ? (b / H) * S : (int64_t)0; };
   auto epi = [=](int64_t b, int64_t l0, int64_t lb, const float* tile, int64_t ldt) {
     for (int64_t l = l0; l < l0 + lb; ++l) {
@@ -45,8 +48,8 @@ AB_EXPORT void ab_attn(int64_t B, int64_t H, int64_t L, int64_t S, int64_t E, in
     const int64_t c0 = ab_clock_ns(clock), w0 = aotc_now_ns();
     {
       const aotc_pool_call call;
-      aotc_attention(B * H, L, S, E, E, 1.0f / std::sqrt((float)E), causal != 0, mask_by ? 1 : 0, qkv, qo, ld,
-                     (int64_t)1, qkv, ko, ld, (int64_t)1, qkv, vo, ld, (int64_t)1, mask, mo, sml, sms, epi);
+      aotc_attention(B * H, L, S, E, E, 1.0f / std::sqrt((float)E), causal != 0, mask_by ? 1 : 0, qkv, qo, row,
+                     (int64_t)1, qkv, ko, row, (int64_t)1, qkv, vo, row, (int64_t)1, mask, mo, sml, sms, epi);
     }
     secs[2 * r] = (double)(ab_clock_ns(clock) - c0) * 1e-9;
     secs[2 * r + 1] = (double)(aotc_now_ns() - w0) * 1e-9;

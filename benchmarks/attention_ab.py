@@ -14,6 +14,8 @@ read q/k/v as generated code reads them, heads of one fused QKV projection (atte
   bert_pad  the same with a key-padding bool mask [4, 1, 1, 128] (lengths 128, 105, 82, 59)
   gpt2_1    GPT-2 small's causal attention, 1x12 heads, 128 tokens, 64
   gpt2_4    the same at batch 4
+  heads_pad, heads_causal  BERT's shape on separate contiguous q/k/v [B, H, L, E] (SDPA called on tensors
+            of its own, attention_cpu.py's cases): key-padded, causal
 Every round calls each variant in turn (after a pause, so that the other variant's pool workers are asleep)
 for --reps calls and keeps the median call; the figure (``ms``) is the median over rounds of the calls' CPU
 time on one thread (it leaves out the time slices that other processes take on a loaded machine) and of
@@ -44,9 +46,10 @@ HARNESS = ROOT / "benchmarks" / "attention_ab.cpp"
 # as aot/compile.py
 FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off"]
 FLAGS += ["-fno-math-errno", "-fno-trapping-math"]
-# name: (batch, heads, tokens, head dim, causal, mask_by)
-CASES = {"bert": (4, 4, 128, 64, 0, 1), "bert_pad": (4, 4, 128, 64, 0, 2), "gpt2_1": (1, 12, 128, 64, 1, 0),
-         "gpt2_4": (4, 12, 128, 64, 1, 0)}  # fmt: skip
+# name: (batch, heads, tokens, head dim, causal, mask_by, fused QKV)
+CASES = {"bert": (4, 4, 128, 64, 0, 1, 1), "bert_pad": (4, 4, 128, 64, 0, 2, 1), "gpt2_1": (1, 12, 128, 64, 1, 0, 1),
+         "gpt2_4": (4, 12, 128, 64, 1, 0, 1), "heads_pad": (4, 4, 128, 64, 0, 2, 0),
+         "heads_causal": (4, 4, 128, 64, 1, 0, 0)}  # fmt: skip
 
 
 def build(name: str, templates: Path, level: str, work: Path) -> ctypes.CDLL:
@@ -74,8 +77,9 @@ def base_templates(rev: str, work: Path) -> Path:
 
 
 def reference(qkv: np.ndarray, mask: np.ndarray | None, case: tuple[int, ...]) -> np.ndarray:
-    b, h, n, e, causal, mask_by = case
-    x = qkv.astype(np.float64).reshape(b, n, 3, h, e).transpose(2, 0, 3, 1, 4)  # [3, B, H, L, E]
+    b, h, n, e, causal, mask_by, fused = case
+    x = qkv.astype(np.float64)
+    x = x.reshape(b, n, 3, h, e).transpose(2, 0, 3, 1, 4) if fused else x.reshape(3, b, h, n, e)  # [3, B, H, L, E]
     s = x[0] @ x[1].swapaxes(-1, -2) / np.sqrt(e)
     keep = np.ones((b, 1, n, n), bool)
     if causal:
@@ -131,10 +135,10 @@ def _cpu_model() -> str:
 
 
 def bench(libs: dict[str, ctypes.CDLL], name: str, case: tuple[int, ...], threads: int, rounds: int, reps: int) -> dict:
-    b, h, n, e, causal, mask_by = case
+    b, h, n, e, causal, mask_by, fused = case
     rng = np.random.default_rng(0)
-    ld = 3 * h * e
-    qkv = rng.standard_normal((b, n, ld), dtype=np.float32)
+    ld = 3 * h * e if fused else 0
+    qkv = rng.standard_normal((b, n, 3 * h * e), dtype=np.float32)
     mask = None
     if mask_by == 1:
         mask = np.ones(n, bool)
