@@ -18,7 +18,9 @@
 // Operands are strided with a per-batch element offset from a functor (the k/v functors map a query head
 // to its kv head, so GQA reads k/v by index). mask_kind: 0 none, 1 bool (nonzero attends), 2 additive.
 // causal: row l attends to keys j <= l (top-left aligned); key blocks past the last row's diagonal are
-// skipped. Elements are widened to float as they are read (16-bit floats arrive as the tags of matmul.h).
+// skipped, and so are the keys after the last one a bool key-padding mask keeps. Causal and key masks are
+// applied in the softmax's registers (aotc_attn_column), not written into the scores. Elements are widened
+// to float as they are read (16-bit floats arrive as the tags of matmul.h).
 //
 // Note: explicit FMA intrinsics, as in matmul.h: generated code is compiled with -ffp-contract=off.
 // Note (small heads): at BERT's shapes (L = S = 128, head dim 64) the exps cost about as much as either
