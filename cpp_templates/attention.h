@@ -9,8 +9,8 @@
 // in the lanes: maxima, exps and sums need no horizontal reductions (one pass for the maxima, one for the
 // exps and sums, each keeping its running values in registers). The output accumulator (MB x Ev) is
 // rescaled by exp(old max - new max) and gets P @ V from the same micro-kernel (queries as the broadcast
-// rows, read from st down its columns; V rows read in place when they are contiguous floats, otherwise
-// packed). When the keys are done each row is divided by its sum (0 for a row with no key left: zeros,
+// rows, read from st down its columns; V rows from a block packed contiguous by the exp pass, which walks
+// the keys anyway). When the keys are done each row is divided by its sum (0 for a row with no key left: zeros,
 // as torch gives) and the epilogue functor gets the finished rows while they are in cache:
 //   epi(b, l0, lb, tile, ldt)  with  Acc(b, l, d) = tile[(l - l0) * ldt + d].
 // The epilogue runs inside the parallel region and must not throw.
@@ -18,7 +18,9 @@
 // Operands are strided with a per-batch element offset from a functor (the k/v functors map a query head
 // to its kv head, so GQA reads k/v by index). mask_kind: 0 none, 1 bool (nonzero attends), 2 additive.
 // causal: row l attends to keys j <= l (top-left aligned); key blocks past the last row's diagonal are
-// skipped. Elements are widened to float as they are read (16-bit floats arrive as the tags of matmul.h).
+// skipped, and so are the keys after the last one a bool key-padding mask keeps. Causal and key masks are
+// applied in the softmax's registers (aotc_attn_column), not written into the scores. Elements are widened
+// to float as they are read (16-bit floats arrive as the tags of matmul.h).
 //
 // Note: explicit FMA intrinsics, as in matmul.h: generated code is compiled with -ffp-contract=off.
 // Note (small heads): at BERT's shapes (L = S = 128, head dim 64) the exps cost about as much as either
@@ -44,6 +46,9 @@
 
 #ifndef AOTC_ATTN_MB
 #define AOTC_ATTN_MB 64  // query rows per task (a multiple of the vector width)
+#endif
+#ifndef AOTC_ATTN_MB_CAUSAL
+#define AOTC_ATTN_MB_CAUSAL 32  // the same for causal attention (see aotc_attention)
 #endif
 #ifndef AOTC_ATTN_NB
 #define AOTC_ATTN_NB 128  // keys per block
@@ -94,11 +99,27 @@ static inline aotc_attn_v aotc_attn_load(const float* p) {
 
 static inline void aotc_attn_store(float* p, aotc_attn_v v) { memcpy(p, &v, sizeof v); }
 
-// e^x per lane for the softmax, where x = score - running max <= 0 (or NaN, which it keeps): Cody-Waite
-// reduction x = n ln2 + r and Cephes' degree-6 polynomial as in aotc_expf (aotc_cpu.h), here with FMAs
-// and 2^n applied by scalef (AVX-512) or the exponent bits (AVX2). Arguments below -87.3 give exactly 0
-// (true values there are subnormal, below 1.2e-38), so a masked score (-inf) weighs nothing.
-static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x) {
+// The lanes an exp keeps (the others give 0): a k-mask on AVX-512, a mask vector (all ones: kept) elsewhere.
+#if AOTC_ATTN_VBYTES == 64
+typedef __mmask16 aotc_attn_keep;
+static inline aotc_attn_keep aotc_attn_keep_all() { return (__mmask16)0xffff; }
+// the lanes whose index (``lane``, as floats) is at least ``first``: a causal block's row of keys
+static inline aotc_attn_keep aotc_attn_keep_from(aotc_attn_v lane, aotc_attn_v first) {
+  return _mm512_cmp_ps_mask((__m512)lane, (__m512)first, _CMP_GE_OQ);
+}
+#else
+typedef int32_t aotc_attn_keep __attribute__((vector_size(AOTC_ATTN_VBYTES)));
+static inline aotc_attn_keep aotc_attn_keep_all() { return aotc_attn_keep{} == 0; }
+static inline aotc_attn_keep aotc_attn_keep_from(aotc_attn_v lane, aotc_attn_v first) { return lane >= first; }
+#endif
+
+// e^x per lane for the softmax, where x = score - running max <= 0 (or NaN, which it keeps), and 0 in the
+// lanes ``keep`` leaves out: Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial as in
+// aotc_expf (aotc_cpu.h), here with FMAs and 2^n applied by scalef (AVX-512) or the exponent bits (AVX2).
+// Arguments below -87.3 give exactly 0 (true values there are subnormal, below 1.2e-38), so a masked score
+// (-inf) weighs nothing. Those lanes are not clamped first: whatever they compute (NaN for -inf, a wrapped
+// exponent on AVX2) is dropped by the same mask as the masked lanes (AVX-512: scalef's zeroing mask).
+static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x, aotc_attn_keep keep) {
 #if AOTC_ATTN_VBYTES == 64 || (AOTC_ATTN_VBYTES == 32 && defined(__FMA__) && defined(__AVX2__))
 #if AOTC_ATTN_VBYTES == 64
 #define AOTC_ATTN_PS(op) _mm512_##op##_ps
@@ -107,8 +128,7 @@ static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x) {
 #define AOTC_ATTN_PS(op) _mm256_##op##_ps
   typedef __m256 V;
 #endif
-  const aotc_attn_v lo = aotc_attn_set1(-87.3f);
-  const V v = (V)(lo > x ? lo : x);  // NaN stays NaN
+  const V v = (V)x, lo = AOTC_ATTN_PS(set1)(-87.3f);
   const V t = AOTC_ATTN_PS(mul)(v, AOTC_ATTN_PS(set1)(1.44269504088896341f));
 #if AOTC_ATTN_VBYTES == 64
   // the maskz forms: gcc 12's plain ones read an uninitialised vector (a -Wuninitialized false alarm)
@@ -127,23 +147,32 @@ static inline aotc_attn_v aotc_attn_exp(aotc_attn_v x) {
   p = AOTC_ATTN_PS(fmadd)(p, AOTC_ATTN_PS(mul)(r, r), r);
   p = AOTC_ATTN_PS(add)(p, AOTC_ATTN_PS(set1)(1.0f));
 #if AOTC_ATTN_VBYTES == 64
-  const V out = _mm512_maskz_scalef_ps((__mmask16)0xffff, p, n);
-  const __mmask16 low = _mm512_cmp_ps_mask((V)x, (V)lo, _CMP_LT_OQ);
-  return (aotc_attn_v)_mm512_maskz_mov_ps((__mmask16)~low, out);
-#else  // n >= -126 here, so 2^n is a normal float built from its exponent bits
+  keep = _mm512_mask_cmp_ps_mask(keep, v, lo, _CMP_NLT_UQ);  // x >= -87.3 or NaN
+  return (aotc_attn_v)_mm512_maskz_scalef_ps(keep, p, n);
+#else  // n >= -126 in the kept lanes, so 2^n is a normal float built from its exponent bits
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const V out = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return (aotc_attn_v)_mm256_andnot_ps(_mm256_cmp_ps((V)x, (V)lo, _CMP_LT_OQ), out);
+  const V low = _mm256_cmp_ps(v, lo, _CMP_LT_OQ);
+  return (aotc_attn_v)_mm256_and_ps(_mm256_andnot_ps(low, out), _mm256_castsi256_ps((__m256i)keep));
 #endif
 #undef AOTC_ATTN_PS
 #else
   aotc_attn_v out;
-  for (int i = 0; i < aotc_attn_vl; ++i) out[i] = x[i] < -87.3f ? 0.0f : aotc_expf(x[i]);
+  for (int i = 0; i < aotc_attn_vl; ++i) out[i] = x[i] < -87.3f || !keep[i] ? 0.0f : aotc_expf(x[i]);
   return out;
 #endif
 }
 
 static inline aotc_attn_v aotc_attn_max(aotc_attn_v a, aotc_attn_v b) { return a > b ? a : b; }
+
+// aotc_attn_max(a, b) in the lanes ``keep`` keeps, b in the others
+static inline aotc_attn_v aotc_attn_max_kept(aotc_attn_v a, aotc_attn_v b, aotc_attn_keep keep) {
+#if AOTC_ATTN_VBYTES == 64
+  return (aotc_attn_v)_mm512_mask_max_ps((__m512)b, keep, (__m512)a, (__m512)b);  // b where a is NaN, as above
+#else
+  return keep ? aotc_attn_max(a, b) : b;
+#endif
+}
 
 // c[i][0 .. NV vectors) (+)= sum_k a[i * sai + k * sak] * b[k * ldb + ...] for R rows: the shared shape of
 // the transposed scores (a = K rows, b = Q^T) and of P @ V (a = P down the columns of st, b = V). With
@@ -236,53 +265,102 @@ static inline void aotc_attn_gemm(int64_t rows, int64_t cols, int64_t kn, const 
 }
 
 // One pass down the nb rows of st (queries in the lanes), G vectors of lanes at a time so that the running
-// values stay in registers: without EXP, top = max(from, the column's maximum), after adding kb[j] (a
-// per-key mask as a bias, NULL for none) to row j in place; with EXP, every element becomes
-// exp(element - from) and sum gets the column's total added.
-template <bool EXP, int G>
-static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const float* from, const float* kb, float* top,
-                                    float* sum, const char* pf, int64_t pf_stride, int64_t pf_bytes) {
+// values stay in registers: without EXP, top = max(from, the column's maximum); with EXP, every element
+// becomes exp(element - from) and sum gets the column's total added. ``row(j)`` runs before row j's
+// vectors (the exp pass packs V row j there, in the first group of lanes only).
+// Masks, applied in registers rather than by writing -inf into st in a pass of their own:
+// - causal: row j keeps the lanes from ``diag + j`` on (lanes counted from st's first): a lane left out
+//   does not count in the maximum and its exp is 0 (the kept lanes compute exactly what they did when
+//   the others held -inf); rows with diag + j <= 0 keep every lane and take the loop without the mask.
+// - KEYS 1: kb[j] is 0 or -inf, a bool mask per key: a -inf row is passed over by the max pass and
+//   becomes zeros in the exp pass, with no exps. KEYS 2: kb[j] is added to row j in place (max pass).
+template <bool EXP, int G, int KEYS, class Row>
+static inline void aotc_attn_column(int64_t nb, float* st, int64_t lds, const float* from, const float* kb, int64_t diag,
+                                    float* top, float* sum, Row&& row) {
   const int vl = aotc_attn_vl;
-  aotc_attn_v run[G], base[G];
+  aotc_attn_v run[G], base[G], lane[G];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     base[g] = aotc_attn_load(from + g * vl);
     run[g] = EXP ? aotc_attn_load(sum + g * vl) : base[g];
+    for (int i = 0; i < vl; ++i) lane[g][i] = (float)(g * vl + i);
   }
-  for (int64_t j = 0; j < nb; ++j) {
-    for (int64_t o = 0; o < pf_bytes; o += 64) __builtin_prefetch(pf + j * pf_stride + o);
+  auto step = [&](int64_t j, auto causal) {
+    row(j);
+    if (KEYS == 1 && kb[j] != 0.0f) {
+      if (EXP)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) aotc_attn_store(st + j * lds + g * vl, aotc_attn_set1(0.0f));
+      return;
+    }
+    const aotc_attn_v first = aotc_attn_set1(decltype(causal)::value ? (float)(diag + j) : 0.0f);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
+      const aotc_attn_keep keep = decltype(causal)::value ? aotc_attn_keep_from(lane[g], first) : aotc_attn_keep_all();
       aotc_attn_v x = aotc_attn_load(st + j * lds + g * vl);
       if (EXP) {
-        const aotc_attn_v e = aotc_attn_exp(x - base[g]);
+        const aotc_attn_v e = aotc_attn_exp(x - base[g], keep);
         aotc_attn_store(st + j * lds + g * vl, e);
         run[g] += e;
       } else {
-        if (kb) {
+        if (KEYS == 2) {
           x += aotc_attn_set1(kb[j]);
           aotc_attn_store(st + j * lds + g * vl, x);
         }
-        run[g] = aotc_attn_max(x, run[g]);  // a NaN score is passed over here and poisons the sum instead
+        // a NaN score is passed over here and poisons the sum instead
+        run[g] = decltype(causal)::value ? aotc_attn_max_kept(x, run[g], keep) : aotc_attn_max(x, run[g]);
       }
     }
-  }
+  };
+  const int64_t plain = diag >= 1 ? 0 : (1 - diag < nb ? 1 - diag : nb);  // rows [0, plain) keep every lane
+  int64_t j = 0;
+  for (; j < plain; ++j) step(j, std::false_type());
+  for (; j < nb; ++j) step(j, std::true_type());
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) aotc_attn_store((EXP ? sum : top) + g * vl, run[g]);
 }
 
-// aotc_attn_column over all lbp lanes (a multiple of the vector width); the first pass over the rows also
-// prefetches pf_bytes at pf + j * pf_stride for each row j (the exp pass: the V rows P @ V reads next).
-template <bool EXP>
-static inline void aotc_attn_columns(int64_t nb, float* st, int64_t lbp, const float* from, const float* kb, float* top,
-                                     float* sum, const void* pf = NULL, int64_t pf_stride = 0, int64_t pf_bytes = 0) {
+// aotc_attn_column over all lbp lanes (a multiple of the vector width), ``row`` in the first pass only;
+// ``keys``: the column's KEYS.
+template <bool EXP, int KEYS, class Row>
+static inline void aotc_attn_columns_k(int64_t nb, float* st, int64_t lbp, const float* from, const float* kb,
+                                       int64_t diag, float* top, float* sum, Row&& row) {
   const int64_t vl = aotc_attn_vl;
-  const char* p = static_cast<const char*>(pf);
+  auto none = [](int64_t) {};
   int64_t c = 0;
-  for (; c + 4 * vl <= lbp; c += 4 * vl, pf_bytes = 0)
-    aotc_attn_column<EXP, 4>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, p, pf_stride, pf_bytes);
-  for (; c < lbp; c += vl, pf_bytes = 0)
-    aotc_attn_column<EXP, 1>(nb, st + c, lbp, from + c, kb, top ? top + c : NULL, sum ? sum + c : NULL, p, pf_stride, pf_bytes);
+  if (c + 4 * vl <= lbp) {
+    aotc_attn_column<EXP, 4, KEYS>(nb, st, lbp, from, kb, diag, top, sum, row);
+    c += 4 * vl;
+  } else {
+    aotc_attn_column<EXP, 1, KEYS>(nb, st, lbp, from, kb, diag, top, sum, row);
+    c += vl;
+  }
+  for (; c + 4 * vl <= lbp; c += 4 * vl)
+    aotc_attn_column<EXP, 4, KEYS>(nb, st + c, lbp, from + c, kb, diag - c, top ? top + c : NULL, sum ? sum + c : NULL,
+                                   none);
+  for (; c < lbp; c += vl)
+    aotc_attn_column<EXP, 1, KEYS>(nb, st + c, lbp, from + c, kb, diag - c, top ? top + c : NULL, sum ? sum + c : NULL,
+                                   none);
+}
+
+template <bool EXP, class Row>
+static inline void aotc_attn_columns(int64_t nb, float* st, int64_t lbp, const float* from, int keys, const float* kb,
+                                     int64_t diag, float* top, float* sum, Row&& row) {
+  if (keys == 1) aotc_attn_columns_k<EXP, 1>(nb, st, lbp, from, kb, diag, top, sum, row);
+  else if (keys == 2 && !EXP) aotc_attn_columns_k<EXP, 2>(nb, st, lbp, from, kb, diag, top, sum, row);
+  else aotc_attn_columns_k<EXP, 0>(nb, st, lbp, from, kb, diag, top, sum, row);
+}
+
+// vb[d] = v[at + d * sve] for d < Ev, zeros up to evp: a V row packed into whole vectors, as P @ V reads it.
+// WHOLE: contiguous floats of whole vectors (Ev == evp), copied by vectors (no tail loop: a zero fill in the
+// exp pass's loop became a memset call, around which gcc kept the loop's running values on the stack).
+template <bool WHOLE, class SV>
+static inline void aotc_attn_pack_v_row(const SV* v, int64_t at, int64_t sve, int64_t Ev, int64_t evp, float* vb) {
+  if constexpr (WHOLE && std::is_same<SV, float>::value) {
+    for (int64_t d = 0; d < evp; d += aotc_attn_vl) aotc_attn_store(vb + d, aotc_attn_load(v + at + d));
+  } else {
+    for (int64_t d = 0; d < evp; ++d) vb[d] = d < Ev ? (float)aotc_elem<SV>::load(v, at + d * sve) : 0.0f;
+  }
 }
 
 // qt[e * lbp + r] = scale * q[at + r * sql + e * sqe] for rows r < lb (rows lb .. lbp are zeros): the query
@@ -347,31 +425,35 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
                            int64_t sks, int64_t ske, const SV* v, OffV voff, int64_t svs, int64_t sve, const SM* m,
                            OffM moff, int64_t sml, int64_t sms, Epi epi) {
   const int64_t vl = aotc_attn_vl;
-  const int64_t MB = aotc_attn_roundup(AOTC_ATTN_MB, vl), NB = AOTC_ATTN_NB;
+  // Causal: smaller query blocks compute less of the masked triangle (at L = S = 128, 10240 scores per
+  // head against 12288 with 64), and a head's blocks are taken longest first (the last block sees the
+  // most keys), so that the threads' last tasks are short ones and they finish together. Heads stay in
+  // order: a head's blocks, one after another, find its K and V rows in cache (all heads' longest
+  // blocks first read them from memory at GPT-2's 4 x 128 tokens: 4% slower on one thread).
+  const int64_t MB = aotc_attn_roundup(causal ? AOTC_ATTN_MB_CAUSAL : AOTC_ATTN_MB, vl), NB = AOTC_ATTN_NB;
   const int64_t evp = aotc_attn_roundup(Ev > 0 ? Ev : 1, vl);
   const int64_t blocks = (L + MB - 1) / MB;
   const int64_t tasks = nbatch * blocks;
   if (tasks <= 0) return;
-  // V rows are read in place when they are contiguous floats of whole vectors, otherwise packed per block.
-  const bool v_direct = std::is_same<SV, float>::value && sve == 1 && Ev % vl == 0;
   const double flops = 2.0 * (double)nbatch * (double)L * (double)S * (double)(E + Ev);
   const bool par = flops >= AOTC_ATTN_MIN_PAR_FLOPS;
   // per thread: Q^T, transposed scores, V block, output rows, running max, sum, block max, rescale, row
   // scale, key bias
-  const int64_t per = E * MB + NB * MB + (v_direct ? 0 : NB * evp) + MB * evp + 5 * MB + NB + 16;
+  const int64_t per = E * MB + NB * MB + NB * evp + MB * evp + 5 * MB + NB + 16;
   // one task: query block l0 of batch position b, in a thread's workspace ``ws`` of ``per`` floats
   auto task = [&](int64_t t, float* ws) {
     float* qt = ws;
     float* st = qt + E * MB;
     float* vb = st + NB * MB;
-    float* out = vb + (v_direct ? 0 : NB * evp);
+    float* out = vb + NB * evp;
     float* mx = out + MB * evp;
     float* sum = mx + MB;
     float* top = sum + MB;
     float* alpha = top + MB;
     float* row_scale = alpha + MB;
     float* kb = row_scale + MB;
-    const int64_t b = t / blocks, l0 = (t % blocks) * MB;
+    const int64_t b = t / blocks;
+    const int64_t l0 = (causal ? blocks - 1 - t % blocks : t % blocks) * MB;
     const int64_t lb = L - l0 < MB ? L - l0 : MB, lbp = aotc_attn_roundup(lb, vl);
     const int64_t qo = qoff(b), ko = koff(b), vo = voff(b), mo = mask_kind ? moff(b) : 0;
     aotc_attn_pack_q<SQ>(q, qo + l0 * sql, sql, sqe, lb, lbp, E, scale, qt);
@@ -391,7 +473,12 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
       mx[r] = -INFINITY;
       sum[r] = 0.0f;
     }
-    const int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
+    int64_t hi = causal ? (S < l0 + lb ? S : l0 + lb) : S;
+    // Keys past the last one a bool key mask keeps (padding) weigh exactly 0: the key blocks end there.
+    // The other keys' sums and products run in the same order, so the result is the same to the bit,
+    // except that a NaN or inf in a padded V row no longer turns its 0 weight into NaN (0 * inf).
+    if (by_key && mask_kind == 1)
+      while (hi > 0 && aotc_elem<SM>::load(m, mo + (hi - 1) * sms) == 0) --hi;
     if (hi <= 0) memset(out, 0, sizeof(float) * lbp * evp);  // no keys: zeros
     for (int64_t j0 = 0; j0 < hi; j0 += NB) {
       const int64_t nb = hi - j0 < NB ? hi - j0 : NB;
@@ -407,37 +494,56 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
           kb[j] = mask_kind == 2 ? val : (val == 0 ? -INFINITY : 0.0f);
         }
       }
-      if (elementwise || (causal && j0 + nb > l0 + 1)) {
+      if (elementwise) {
         for (int64_t j = 0; j < nb; ++j) {
           float* s = st + j * lbp;
-          const int64_t key = j0 + j, mk = mo + key * sms;
-          if (elementwise && mask_kind == 1) {
+          const int64_t mk = mo + (j0 + j) * sms;
+          if (mask_kind == 1) {
 #pragma omp simd
             for (int64_t r = 0; r < lb; ++r) s[r] = aotc_elem<SM>::load(m, mk + (l0 + r) * sml) == 0 ? -INFINITY : s[r];
-          } else if (elementwise) {
+          } else {
 #pragma omp simd
             for (int64_t r = 0; r < lb; ++r) s[r] += (float)aotc_elem<SM>::load(m, mk + (l0 + r) * sml);
           }
-          if (causal) {
-            const int64_t first = key - l0;  // rows r < first see keys only up to l0 + r < key
-#pragma omp simd
-            for (int64_t r = 0; r < lbp; ++r) s[r] = r < first ? -INFINITY : s[r];
-          }
         }
       }
-      // the online softmax, queries in the lanes
-      if (masked) aotc_attn_columns<false>(nb, st, lbp, mx, by_key ? kb : NULL, top, NULL);
+      // the online softmax, queries in the lanes; causal: row j (key j0 + j) keeps the queries l0 + r >=
+      // j0 + j, the lanes from diag + j on (the block's keys up to l0 are seen by every row: diag < 1)
+      const int keys = by_key ? mask_kind : 0;
+      const int64_t diag = causal ? j0 - l0 : -nb;
+      if (masked) aotc_attn_columns<false>(nb, st, lbp, mx, keys, kb, diag, top, NULL, [](int64_t) {});
+      // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0; the first block has
+      // nothing to rescale (sum and out are empty: alpha would be exp(-inf) = 0)
+      if (j0 == 0) {
 #pragma omp simd
-      for (int64_t r = 0; r < lbp; ++r) {
-        // a row with nothing attended yet keeps max -inf and gets p = exp(-inf - 0) = 0
-        const float base = top[r] == -INFINITY ? 0.0f : top[r];
-        alpha[r] = aotc_exp(mx[r] - base);
-        mx[r] = top[r];
-        top[r] = base;
-        sum[r] *= alpha[r];
+        for (int64_t r = 0; r < lbp; ++r) {
+          mx[r] = top[r];
+          top[r] = top[r] == -INFINITY ? 0.0f : top[r];
+        }
+      } else {
+#pragma omp simd
+        for (int64_t r = 0; r < lbp; ++r) {
+          const float base = top[r] == -INFINITY ? 0.0f : top[r];
+          alpha[r] = aotc_exp(mx[r] - base);
+          mx[r] = top[r];
+          top[r] = base;
+          sum[r] *= alpha[r];
+        }
       }
-      const int64_t vsz = (int64_t)sizeof(SV), vrow = sve == 1 ? Ev * vsz : 0;  // prefetch V rows when contiguous
-      aotc_attn_columns<true>(nb, st, lbp, top, NULL, NULL, sum, v + vo + j0 * svs, svs * vsz, vrow);
+      // the exps, V packed row by row on the way: read in place, rows a fused QKV's stride apart (BERT's
+      // 768 floats, 3 KiB) fall in a quarter of L1's sets and P @ V, which reads the block once per 6-8
+      // query rows, gets them from L2
+      const SV* vr = v + vo + j0 * svs;
+      const int64_t vrow = sve == 1 ? Ev * (int64_t)sizeof(SV) : 0;  // prefetched 4 rows ahead when contiguous
+      auto exps = [&](auto whole) {
+        aotc_attn_columns<true>(nb, st, lbp, top, keys, kb, diag, NULL, sum, [=](int64_t j) {
+          const char* ahead = reinterpret_cast<const char*>(vr + (j + 4) * svs);
+          for (int64_t o = 0; o < vrow && j + 4 < nb; o += 64) __builtin_prefetch(ahead + o);
+          aotc_attn_pack_v_row<decltype(whole)::value, SV>(vr, j * svs, sve, Ev, evp, vb + j * evp);
+        });
+      };
+      if (std::is_same<SV, float>::value && sve == 1 && Ev == evp) exps(std::true_type());
+      else exps(std::false_type());
       for (int64_t r = 0; r < lb && j0 > 0; ++r) {  // the first block writes out rather than adding to it
         if (alpha[r] != 1.0f) {
           float* o = out + r * evp;
@@ -446,14 +552,8 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
           for (int64_t d = 0; d < evp; ++d) o[d] *= a;
         }
       }
-      if (!v_direct) {
-        for (int64_t j = 0; j < nb; ++j)
-          for (int64_t d = 0; d < evp; ++d)
-            vb[j * evp + d] = d < Ev ? (float)aotc_elem<SV>::load(v, vo + (j0 + j) * svs + d * sve) : 0.0f;
-      }
-      const float* vp = v_direct ? reinterpret_cast<const float*>(v) + vo + j0 * svs : vb;
       // out[r] += sum_j st[j][r] * v[j]
-      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vp, v_direct ? svs : evp, out, evp, j0 > 0);
+      aotc_attn_gemm<float>(lb, evp, nb, st, 1, lbp, vb, evp, out, evp, j0 > 0);
     }
     for (int64_t r = 0; r < lb; ++r) {
       // a row that attended to nothing has sum 0 and gives zeros (as torch does); a NaN sum stays NaN
@@ -509,6 +609,8 @@ static double aotc_attn_check(int64_t L, int64_t S, int64_t E, int64_t Ev, bool 
     add[i] = 2.0f * rnd();
   }
   for (int64_t j = 0; j < S; ++j) keep[5 * S + j] = false;  // row 5 attends to nothing: zeros
+  if (msl == 0)  // a key-padding mask: the last keys masked (the key blocks end at the last kept one)
+    for (int64_t j = S - S / 4; j < S; ++j) keep[j * mss] = false;
   const float scale = 0.3f;
   auto kv = [=](int64_t b) { return (b / H) * (H / G) + (b % H) / G; };
   auto epi = [&](int64_t b, int64_t l0, int64_t lb, const float* tile, int64_t ldt) {

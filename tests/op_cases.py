@@ -130,6 +130,14 @@ def _built_causal(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return F.scaled_dot_product_attention(q, k, v, attn_mask=(cols <= rows) & pad)
 
 
+def _key_padding(b: int, s: int) -> torch.Tensor:
+    """A bool key-padding mask [b, 1, 1, s]: each batch position keeps a random length of keys (at least one)
+    with a few holes inside it too."""
+    keep = torch.arange(s)[None, :] < torch.randint(1, s + 1, (b, 1))
+    keep &= (torch.rand(b, s) > 0.1) | (torch.arange(s) == 0)
+    return keep.reshape(b, 1, 1, s)
+
+
 def _attn(**kw: Any) -> nn.Module:
     return Fn(lambda m, q, k, v, mask=None: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw))
 
@@ -256,6 +264,11 @@ CASES = [
            lambda b: (r(b, 3, 7, 16), r(b, 3, 11, 16), r(b, 3, 11, 24))),  # fmt: skip
     OpCase("sdpa_masked_row", _attn, lambda b: (r(b, 2, 8, 16), r(b, 2, 10, 16), r(b, 2, 10, 16), _masked_row(b))),
     OpCase("sdpa_causal_rect", lambda: _attn(is_causal=True), lambda b: (r(b, 2, 6, 16), r(b, 2, 9, 16), r(b, 2, 9, 16))),
+    # several 32-query causal blocks and two key blocks (128 keys each); lengths not a multiple of either
+    OpCase("sdpa_causal_blocks", lambda: _attn(is_causal=True),
+           lambda b: (r(b, 2, 150, 16), r(b, 2, 150, 16), r(b, 2, 150, 24))),  # fmt: skip
+    OpCase("sdpa_key_padding_odd", _attn,
+           lambda b: (r(b, 3, 37, 16), r(b, 3, 135, 16), r(b, 3, 135, 16), _key_padding(b, 135))),  # fmt: skip
     OpCase("sdpa_built_causal_mask", lambda: Fn(_built_causal),
            lambda b: (r(b, 2, 8, 16), r(b, 2, 8, 16), r(b, 2, 8, 16), torch.rand(b, 1, 1, 8) > 0.2)),  # fmt: skip
     OpCase("sdpa_dynamic_lengths", lambda: Fn(lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
