@@ -107,12 +107,17 @@ static inline void aotc_block_fin_tile(T* c, int64_t ldc, const aotc_conv_clamp<
 // The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
 // packed weight wp, O output channels, into c[p - q][0 .. roundup(O, NR)); wp's panels are kp >= C rows
 // long (rows [k0, k0 + C) of a weight packed for kp input channels: wp points at row k0 of the first panel,
-// wp + k0 * NR). Without ``fin`` c has
-// roundup(np, MR) rows (the last strip's padding rows are written too); with it, ``fin`` is applied in
-// registers (``bias``: image n's, roundup(O, NR) long, or NULL) and only np rows are written: a last
-// partial strip goes through ``tail`` (MR x ldc).
+// wp + k0 * NR). With ``fin`` it is applied to each strip as it is stored, still in L1 (``bias``: image n's,
+// roundup(O, NR) long, or NULL).
+// At least MR pixels (the usual case; or MR / 2 to 3 MR / 4) go in strips of MR pixels, a last short one as MR / 2 or MR / 4
+// or overlapping the strip before (conv.h's aotc_conv_row_strips: the overlap's raw sums are written again
+// and finished again): exactly np rows are written. A 7x7 image's 49 pixels padded to 60 rows of strips of
+// 12 (AVX-512) took a fifth more multiply-adds than the pixels need; the small blocks of MobileNetV2 are
+// mostly their 1x1 convs. Fewer pixels take whole strips with padding: then without ``fin`` c has
+// roundup(np, MR) rows (the padding rows are written too), with it the last strip goes through ``tail``
+// (MR x ldc) and only np rows are written.
 // STEP: the pixel stride sxw when known at compile time (0: not). Where the pixels are evenly spaced
-// (sxh == W * sxw) a full strip then takes conv.h's row micro-kernel, each broadcast one load at a fixed
+// (sxh == W * sxw) a strip then takes conv.h's row micro-kernel, each broadcast one load at a fixed
 // offset, where aotc_conv_micro re-reads its MR pixel pointers from the stack: a load per broadcast more,
 // which on the 1x1 convs of 16 to 32 input channels left the load ports, not the FMAs, the limit (AVX-512,
 // MobileNetV2's blocks 5-24% faster). AVX2's strips of 6 keep their pointers in registers: unchanged there
@@ -123,38 +128,51 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
                                   const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int NR = NV * (int)(sizeof(V) / sizeof(T)), MR = aotc_conv_mr<NV>::value;
-  const int64_t strips = (np + MR - 1) / MR;
-  for (int64_t i = 0, h = q / W, w = q % W; i < strips * MR; ++i) {
+  constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
+  // aotc_conv_row_strips's strips start inside [0, np) there (np in (3 MR / 4, MR) would take a full strip)
+  const bool exact = np >= MR || (np >= MR2 && np <= 3 * MR / 4);
+  const int64_t strips = (np + MR - 1) / MR, rows = exact ? np : strips * MR;
+  for (int64_t i = 0, h = q / W, w = q % W; i < rows; ++i) {
     ind[i] = i < np ? xn + h * sxh + w * sxw : ind[0];  // past np: any real pixel
     if (++w == W) w = 0, ++h;
   }
   constexpr bool rowk = STEP > 0 && MR > 8;
   const bool even = rowk && sxw == STEP && (sxh == W * sxw || q % W + np <= W);  // one row, or dense rows
-  auto micro = [&](int64_t si, int64_t js, T* dst) {
+  // M pixels from ind[i] into dst, then ``fin`` over them; ``real``: all M of them are pixels, none padding
+  auto strip = [&](auto m, int64_t i, int64_t js, T* dst, bool real = true) {
+    constexpr int M = decltype(m)::value;
     if constexpr (rowk) {
-      if (even && si * MR + MR <= np) {  // pixel i of the strip at ind[si * MR] + i * STEP
-        aotc_conv_row_micro<T, MR, NV, STEP>(1, C, ind[si * MR], 0, wp + js * kp, dst, ldc);
-        return;
-      }
+      if (even && real)  // pixel i + j at ind[i] + j * STEP
+        aotc_conv_row_micro<T, M, NV, STEP>(1, C, ind[i], 0, wp + js * kp, dst, ldc);
+      else
+        aotc_conv_micro<T, M, NV>(1, C, ind + i, wp + js * kp, dst, ldc);
+    } else {
+      aotc_conv_micro<T, M, NV>(1, C, ind + i, wp + js * kp, dst, ldc);
     }
-    aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, dst, ldc);
+    if (fin != NULL) aotc_block_fin_tile<T, M, NV>(dst, ldc, *fin, bias != NULL ? bias + js : NULL);
   };
-  for (int64_t js = 0; js < O; js += NR)
+  for (int64_t js = 0; js < O; js += NR) {
+    if (exact) {
+      aotc_conv_row_strips<MR, MR2, MR4>(0, np, [&](auto m, int64_t i) { strip(m, i, js, c + i * ldc + js); });
+      continue;
+    }
     for (int64_t si = 0; si < strips; ++si) {
-      if (fin == NULL) {
-        micro(si, js, c + si * MR * ldc + js);
+      const bool real = si * MR + MR <= np;
+      if (fin == NULL || real) {
+        strip(std::integral_constant<int, MR>(), si * MR, js, c + si * MR * ldc + js, real);
         continue;
       }
-      const T* b = bias != NULL ? bias + js : NULL;
-      if (si * MR + MR <= np) {
-        micro(si, js, c + si * MR * ldc + js);
-        aotc_block_fin_tile<T, MR, NV>(c + si * MR * ldc + js, ldc, *fin, b);
-        continue;
-      }
-      micro(si, js, tail + js);
-      aotc_block_fin_tile<T, MR, NV>(tail + js, ldc, *fin, b);
+      strip(std::integral_constant<int, MR>(), si * MR, js, tail + js, false);
       for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
     }
+  }
+}
+
+// The first of the pieces of at most ``most`` pixels that ``rest`` pixels split into evenly: 98 as 49 + 49,
+// not 96 + 2 (a piece too short for aotc_block_1x1's unpadded strips).
+static inline int64_t aotc_block_piece(int64_t rest, int64_t most) {
+  const int64_t pieces = (rest + most - 1) / most;
+  return (rest + pieces - 1) / pieces;
 }
 
 // Whether a stage's epilogue is the register one (aotc_conv_clamp) rather than a lambda over rows.
@@ -253,7 +271,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
       // expand the rows not in the ring yet, in pieces of at most EP pixels that do not wrap around it
       for (int64_t q = std::max<int64_t>(need0, oh == oh0 ? need0 : have) * W; q < need1 * W;) {
         const int64_t ih = q / W, wrap = (ih - ih % cap + cap) * W;
-        const int64_t np = aotc_mm_min(aotc_mm_min((int64_t)EP, need1 * W - q), wrap - q);
+        const int64_t np = aotc_block_piece(aotc_mm_min(need1 * W, wrap) - q, EP);
         T* dst = ring + ((ih % cap) * W + q % W) * ldr;
         if constexpr (aotc_block_fin<T, EpiE>::value) {
           aotc_block_1x1<T, NVE, SE>(xn, xs.s2, xs.s3, W, q, np, se.C, se.C, hb, we + h0 * se.C, ind, dst + h0, ldr, fin_e,
@@ -280,8 +298,8 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
         aotc_block_fin_rows<T>(drow + h0, ldd, r * OW, hb, fin_d, fin_d.bias);
       else
         epi_d(n, oh * OW, r * OW, h0, hb, (const T*)(drow + h0), ldd, drow);
-      for (int64_t q = 0; q < r * OW; q += EP) {
-        const int64_t np = aotc_mm_min((int64_t)EP, r * OW - q);
+      for (int64_t q = 0, np; q < r * OW; q += np) {
+        np = aotc_block_piece(r * OW - q, EP);
         if (part != NULL) {  // this slice's share of the projection, straight into its partial sums
           aotc_block_1x1<T, NVP, SP>(drow + h0, 0, ldd, r * OW, q, np, hb, hid, sp.O, wp + h0 * NRP, ind, part + (oh * OW + q) * ldp, ldp);
           continue;
