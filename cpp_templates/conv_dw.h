@@ -330,7 +330,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
 }
 
 #ifdef AOTC_SELFTEST_CONV_DW
-// The block against the three kernels it replaces (aotc_conv2d_packed, aotc_conv2d_dw, aotc_conv2d_packed)
+// The block against the three convs it replaces (aotc_conv2d_packed, a naive depthwise loop, aotc_conv2d_packed)
 // with ReLU6 after the first two and a residual after the last, on small integer data (exact in fp32).
 #include <stdio.h>
 
@@ -354,17 +354,27 @@ static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
   auto relu6 = [](float v) { return v < 0 ? 0.0f : v > 6 ? 6.0f : v; };
   // the three kernels through full-size buffers
   std::vector<float> e(N * H * W * hid), d(N * OH * OW * hid), want(N * OH * OW * O), got(want.size(), -1.0f);
-  const aotc_conv_strides xs{0, H * W * C, 1, W * C, C}, es{0, H * W * hid, 1, W * hid, hid};
+  const aotc_conv_strides xs{0, H * W * C, 1, W * C, C};
   const aotc_conv_strides ds{0, OH * OW * hid, 1, OW * hid, hid};
   aotc_pool_set_threads(threads);
   aotc_conv2d_packed<float, NVE>(se, x.data(), xs, we.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
     for (int64_t p = p0; p < p0 + pb; ++p)
       for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) e[(n * H * W + p) * hid + oc] = relu6(t[(p - p0) * ldt + oc - oc0] - 1);
   });
-  aotc_conv2d_dw<float>(sd, e.data(), es, wd.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
-    for (int64_t p = p0; p < p0 + pb; ++p)
-      for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) d[(n * OH * OW + p) * hid + oc] = relu6(t[(p - p0) * ldt + oc - oc0] + 2);
-  });
+  // the depthwise as a naive loop: through aotc_conv2d_dw it shares aotc_conv_dw_row with the block, and a
+  // broken row kernel gave both the same wrong answer
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow)
+        for (int64_t c = 0; c < hid; ++c) {
+          float acc = 0;
+          for (int64_t kh = 0; kh < 3; ++kh)
+            for (int64_t kw = 0; kw < 3; ++kw) {
+              const int64_t ih = oh * stride - 1 + kh, iw = ow * stride - 1 + kw;
+              if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc += e[(n * H * W + ih * W + iw) * hid + c] * wd[(kh * 3 + kw) * hid + c];
+            }
+          d[(n * OH * OW + oh * OW + ow) * hid + c] = relu6(acc + 2);
+        }
   aotc_conv2d_packed<float, NVP>(sp, d.data(), ds, wp.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
     for (int64_t p = p0; p < p0 + pb; ++p)
       for (int64_t oc = oc0; oc < oc0 + ocb; ++oc)
