@@ -64,27 +64,6 @@ static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
   return ((v != v) | (v < hi)) ? v : hi;
 }
 
-// ``fin`` over the np x cb block at c (pitch ldc) in place, just stored by a 1x1 or depthwise kernel (still
-// in L1); ``bias`` is fin's for channel 0 of the block, or NULL. Channels past the last full vector go
-// through the scalar form (the bias holds no more).
-template <class T>
-static inline void aotc_block_fin_rows(T* c, int64_t ldc, int64_t np, int64_t cb, const aotc_conv_clamp<T>& fin, const T* bias) {
-  typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T));
-  const V lo = aotc_vset1(fin.lo), hi = aotc_vset1(fin.hi);
-  const int64_t cv = cb / L * L;
-  for (int64_t i = 0; i < np; ++i) {
-    T* row = c + i * ldc;
-    for (int64_t j = 0; j < cv; j += L) {
-      V v;
-      memcpy(&v, row + j, sizeof(V));
-      v = aotc_block_vclamp<T>(v, bias != NULL ? bias + j : NULL, lo, hi);
-      memcpy(row + j, &v, sizeof(V));
-    }
-    for (int64_t j = cv; j < cb; ++j) row[j] = aotc_conv_fin<T>(row[j], fin, bias, j);
-  }
-}
-
 // ``fin`` over an MR x NR block that conv.h's aotc_conv_micro just stored (still in L1): one load and
 // store per vector more than applying it in registers, which measured the same; ``bias`` is the panel's
 // (channels past O read zeros there), or NULL.
@@ -252,14 +231,14 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
     const int64_t h0 = sl * pp * NRE, h1 = aotc_mm_min(h0 + pp * NRE, hid), hb = h1 - h0;  // the hidden channels
     T* part = slices > 1 ? parts + (n * slices + sl) * part_sz : NULL;
     const aotc_conv_clamp<T>* fin_e = NULL;
-    aotc_conv_clamp<T> fin_d{NULL, 0, T(0), T(0)};
+    aotc_conv_clamp<T> fin_d{NULL, 0, T(0), T(0)};  // image n's (aotc_conv_dw_row indexes its bias by channel)
     if constexpr (aotc_block_fin<T, EpiE>::value) {
       fin_e = &epi_e;
       for (int64_t c = 0; c < ldr; ++c) ebias[c] = epi_e.bias != NULL && c < hid ? epi_e.bias[n * epi_e.bias_n + c] : T(0);
     }
     if constexpr (aotc_block_fin<T, EpiD>::value) {
       fin_d = epi_d;
-      if (fin_d.bias != NULL) fin_d.bias += n * fin_d.bias_n + h0;
+      if (fin_d.bias != NULL) fin_d.bias += n * fin_d.bias_n;
     }
     const int64_t oh0 = st * OH / strips, oh1 = (st + 1) * OH / strips;
     const T* xn = x + xs.off + n * xs.s0;
@@ -288,16 +267,14 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
           const int64_t ih = (oh + j) * sh - sd.ph + kh;
           rows[kh] = ih >= 0 && ih < H ? ring + (ih % cap) * W * ldr : NULL;
         }
+        // a register epilogue in the row kernel, on the accumulators (aotc_conv_vfin's max/min): no pass over the rows
+        const aotc_conv_clamp<T>* fin = aotc_block_fin<T, EpiD>::value ? &fin_d : NULL;
         if (sd.KW == 3)
-          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd);
+          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd, fin);
         else
-          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd);
+          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd, fin);
       }
-      // the depthwise's epilogue after its rows, not inside aotc_conv_dw_row: the clamp there is the slow form
-      if constexpr (aotc_block_fin<T, EpiD>::value)
-        aotc_block_fin_rows<T>(drow + h0, ldd, r * OW, hb, fin_d, fin_d.bias);
-      else
-        epi_d(n, oh * OW, r * OW, h0, hb, (const T*)(drow + h0), ldd, drow);
+      if constexpr (!aotc_block_fin<T, EpiD>::value) epi_d(n, oh * OW, r * OW, h0, hb, (const T*)(drow + h0), ldd, drow);
       for (int64_t q = 0, np; q < r * OW; q += np) {
         np = aotc_block_piece(r * OW - q, EP);
         if (part != NULL) {  // this slice's share of the projection, straight into its partial sums
