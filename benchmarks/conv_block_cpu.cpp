@@ -1,7 +1,8 @@
 // A/B of cpp_templates/conv_dw.h: MobileNetV2's inverted-residual blocks (batch 1) as the three kernels
 // they replace (aotc_conv2d_packed, aotc_conv2d_dw, aotc_conv2d_packed, full-size intermediate tensors)
-// against aotc_conv_block, interleaved in one process, and the stem conv before them; min over repetitions of the calling thread's CPU
-// time (and of wall time); [...] = the three kernels' own times. Bias + ReLU6 epilogues, fp32.
+// against aotc_conv_block, interleaved in one process, and the stem conv before them; min over repetitions
+// of the calling thread's CPU time (and of wall time); [...] = the three kernels' own times. Bias + ReLU6
+// epilogues, fp32.
 //
 //   g++ -std=c++17 -fopenmp -O3 -march=native -Icpp_templates benchmarks/conv_block_cpu.cpp -o /tmp/bb
 //   /tmp/bb [threads=1] [reps=30]        (-march=x86-64-v3: the AVX2 code)
