@@ -64,53 +64,11 @@ static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
   return ((v != v) | (v < hi)) ? v : hi;
 }
 
-// ``fin`` over an MR x NR block that conv.h's aotc_conv_micro just stored (still in L1), where the strip
-// takes the pointer micro-kernel (AVX2, or pixels not evenly spaced; the row kernel applies it in
-// registers); ``bias`` is the panel's (channels past O read zeros there), or NULL.
-template <class T, int MR, int NV>
-static inline void aotc_block_fin_tile(T* c, int64_t ldc, const aotc_conv_clamp<T>& fin, const T* bias) {
-  typedef typename aotc_mm_vec<T>::type V;
+// An MR x NV block of accumulators into c (pitch ldc), ``fin`` (NULL: none; ``bias`` the block's or NULL)
+// applied on the way.
+template <class T, int MR, int NV, class V>
+static inline void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  const V lo = aotc_vset1(fin.lo), hi = aotc_vset1(fin.hi);
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      V v;
-      memcpy(&v, c + i * ldc + j * L, sizeof(V));
-      v = aotc_block_vclamp<T>(v, bias != NULL ? bias + j * L : NULL, lo, hi);
-      memcpy(c + i * ldc + j * L, &v, sizeof(V));
-    }
-}
-
-// conv.h's row micro-kernel for a 1x1 conv (one kernel row of C taps), with ``fin`` (NULL: none; ``bias``
-// the panel's or NULL) applied to the accumulators before they are stored: MR pixels at a + i * STEP, the
-// NV vectors of the NVP-vector panel b this pass computes. The expand convs of 16 or 24 input channels
-// (MobileNetV2's 112x112 and 56x56 blocks) spent a sixth of their block in the pass over the stored tile.
-template <class T, int MR, int NV, int NVP, int STEP>
-static inline void aotc_block_row_part(int64_t C, const T* a, const T* __restrict b, T* c, int64_t ldc,
-                                       const aotc_conv_clamp<T>* fin, const T* bias) {
-  typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NVP * L;
-  V acc[MR][NV];
-#pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
-#pragma GCC unroll 2
-  for (int64_t k = 0; k < C; ++k) {
-    const T* ak = a + k;
-    __asm__("" : "+r"(ak));  // one load per broadcast (conv.h's aotc_conv_row_micro_part says why)
-    V bv[NV];
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) memcpy(&bv[j], b + k * NR + j * L, sizeof(V));
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-      const V av = aotc_vset1(ak[i * STEP]);
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
-    }
-  }
   if (fin != NULL) {
     const V lo = aotc_vset1(fin->lo), hi = aotc_vset1(fin->hi);
 #pragma GCC unroll 32
@@ -124,12 +82,55 @@ static inline void aotc_block_row_part(int64_t C, const T* a, const T* __restric
     for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
 }
 
+// conv.h's micro-kernels for a 1x1 conv (one tap of C channels) with ``fin`` applied to the accumulators
+// before they are stored (aotc_block_store): MR pixels, the NV vectors of the NVP-vector panel b this pass
+// computes. STEP > 0: the row kernel, pixel i at a + i * STEP; STEP == 0: pixel i at ind[i]. The expand
+// convs of 16 or 24 input channels (MobileNetV2's 112x112 and 56x56 blocks) spent a sixth of their block
+// in a pass over the stored tile.
+template <class T, int MR, int NV, int NVP, int STEP>
+static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c, int64_t ldc,
+                                       const aotc_conv_clamp<T>* fin, const T* bias) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NVP * L;
+  V acc[MR][NV];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+  const T* p[STEP > 0 ? 1 : MR];
+  if constexpr (STEP == 0)
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) p[i] = ind[i];
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < C; ++k) {
+    const T* ak = NULL;
+    if constexpr (STEP > 0) {
+      ak = a + k;
+      __asm__("" : "+r"(ak));  // one load per broadcast (conv.h's aotc_conv_row_micro_part says why)
+    }
+    V bv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) memcpy(&bv[j], b + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+      V av;
+      if constexpr (STEP > 0)
+        av = aotc_vset1(ak[i * STEP]);
+      else
+        av = aotc_vset1(p[i][k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
+    }
+  }
+  aotc_block_store<T, MR, NV>(acc, c, ldc, fin, bias);
+}
+
 template <class T, int MR, int NV, int STEP>
-static inline void aotc_block_row_micro(int64_t C, const T* a, const T* __restrict b, T* c, int64_t ldc,
-                                        const aotc_conv_clamp<T>* fin, const T* bias) {
+static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c,
+                                        int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
   constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NV>::value;
   for (int j0 = 0; j0 < NV; j0 += NH)
-    aotc_block_row_part<T, MR, NH, NV, STEP>(C, a, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL);
+    aotc_block_1x1_part<T, MR, NH, NV, STEP>(C, a, ind, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL);
 }
 
 // The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
@@ -171,13 +172,12 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
     constexpr int M = decltype(m)::value;
     const T* b = bias != NULL ? bias + js : NULL;
     if constexpr (rowk) {
-      if (even && real) {  // pixel i + j at ind[i] + j * STEP, ``fin`` in registers
-        aotc_block_row_micro<T, M, NV, STEP>(C, ind[i], wp + js * kp, dst, ldc, fin, b);
+      if (even && real) {  // pixel i + j at ind[i] + j * STEP
+        aotc_block_1x1_micro<T, M, NV, STEP>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b);
         return;
       }
     }
-    aotc_conv_micro<T, M, NV>(1, C, ind + i, wp + js * kp, dst, ldc);
-    if (fin != NULL) aotc_block_fin_tile<T, M, NV>(dst, ldc, *fin, b);
+    aotc_block_1x1_micro<T, M, NV, 0>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b);
   };
   for (int64_t js = 0; js < O; js += NR) {
     if (exact) {
