@@ -136,21 +136,21 @@ static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* i
 // The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
 // packed weight wp, O output channels, into c[p - q][0 .. roundup(O, NR)); wp's panels are kp >= C rows
 // long (rows [k0, k0 + C) of a weight packed for kp input channels: wp points at row k0 of the first panel,
-// wp + k0 * NR). With ``fin`` it is applied to each strip as it is stored, still in L1 (``bias``: image n's,
-// roundup(O, NR) long, or NULL).
-// At least MR pixels (the usual case; or MR / 2 to 3 MR / 4) go in strips of MR pixels, a last short one as MR / 2 or MR / 4
-// or overlapping the strip before (conv.h's aotc_conv_row_strips: the overlap's raw sums are written again
-// and finished again): exactly np rows are written. A 7x7 image's 49 pixels padded to 60 rows of strips of
-// 12 (AVX-512) took a fifth more multiply-adds than the pixels need; the small blocks of MobileNetV2 are
-// mostly their 1x1 convs. Fewer pixels take whole strips with padding: then without ``fin`` c has
-// roundup(np, MR) rows (the padding rows are written too), with it the last strip goes through ``tail``
-// (MR x ldc) and only np rows are written.
+// wp + k0 * NR). ``fin`` (NULL: none) is applied on the accumulators (``bias``: image n's, roundup(O, NR)
+// long, or NULL).
+// At least MR pixels (the usual case; or MR / 2 to 3 MR / 4) go in strips of MR, a last short one as
+// MR / 2 or MR / 4 or overlapping the strip before (conv.h's aotc_conv_row_strips; the overlap's rows are
+// computed and stored again, equal): exactly np rows are written. A 7x7 image's 49 pixels padded to 60 rows
+// of strips of 12 (AVX-512) took a fifth more multiply-adds than the pixels need, and MobileNetV2's small
+// blocks are mostly their 1x1 convs. Fewer pixels take whole strips with padding: then without ``fin`` c
+// has roundup(np, MR) rows (the padding rows are written too), with it the last strip goes through
+// ``tail`` (MR x ldc) and only np rows are written.
 // STEP: the pixel stride sxw when known at compile time (0: not). Where the pixels are evenly spaced
-// (sxh == W * sxw) a strip then takes conv.h's row micro-kernel, each broadcast one load at a fixed
-// offset, where aotc_conv_micro re-reads its MR pixel pointers from the stack: a load per broadcast more,
-// which on the 1x1 convs of 16 to 32 input channels left the load ports, not the FMAs, the limit (AVX-512,
-// MobileNetV2's blocks 5-24% faster). AVX2's strips of 6 keep their pointers in registers: unchanged there
-// (the row kernel measured 0-4% slower).
+// (sxh == W * sxw) a strip then takes the row form of aotc_block_1x1_micro, each broadcast one load at a
+// fixed offset, where the pointer form re-reads its MR pixel pointers from the stack: a load per broadcast
+// more, which on the 1x1 convs of 16 to 32 input channels left the load ports, not the FMAs, the limit
+// (AVX-512, MobileNetV2's blocks 5-24% faster). AVX2's strips of 6 keep their pointers in registers:
+// the pointer form there (the row form measured 0-4% slower).
 template <class T, int NV, int STEP = 0>
 static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t W, int64_t q, int64_t np, int64_t C,
                                   int64_t kp, int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
@@ -167,7 +167,7 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
   }
   constexpr bool rowk = STEP > 0 && MR > 8;
   const bool even = rowk && sxw == STEP && (sxh == W * sxw || q % W + np <= W);  // one row, or dense rows
-  // M pixels from ind[i] into dst, then ``fin`` over them; ``real``: all M of them are pixels, none padding
+  // M pixels from ind[i] into dst; ``real``: all M of them are pixels, none padding
   auto strip = [&](auto m, int64_t i, int64_t js, T* dst, bool real = true) {
     constexpr int M = decltype(m)::value;
     const T* b = bias != NULL ? bias + js : NULL;
