@@ -869,6 +869,16 @@ int main() {
   fails += aotc_conv_check_nhwc<1>({1, 5, 7, 7, 5, 5, 5, 3, 3, 2, 2, 2, 2, 1, 1, 5}, false);
   fails += aotc_conv_check_nhwc<1>({1, 32, 9, 5, 32, 3, 3, 7, 3, 1, 1, 0, 0, 1, 1, 32}, false);  // rows < a block
   fails += aotc_conv_check_nhwc<1>({2, 48, 6, 20, 48, 3, 3, 6, 20, 1, 1, 2, 2, 2, 2, 48}, false);  // dilated
+  // 3x3 at stride 2 (conv_depthwise.h's aotc_conv_dw3s2_row): a row shorter than a block, odd channels;
+  // an odd width (the last tap outside the row) and a last block overlapping; interior blocks; unpadded;
+  // stride 2 across only; padding 2; dilated rows
+  fails += aotc_conv_check_nhwc<1>({1, 37, 14, 14, 37, 3, 3, 7, 7, 2, 2, 1, 1, 1, 1, 37}, false);
+  fails += aotc_conv_check_nhwc<1>({2, 48, 15, 33, 48, 3, 3, 8, 17, 2, 2, 1, 1, 1, 1, 48}, false);
+  fails += aotc_conv_check_nhwc<1>({1, 64, 9, 80, 64, 3, 3, 5, 40, 2, 2, 1, 1, 1, 1, 64}, false);
+  fails += aotc_conv_check_nhwc<1>({1, 16, 9, 21, 16, 3, 3, 4, 10, 2, 2, 0, 0, 1, 1, 16}, false);
+  fails += aotc_conv_check_nhwc<1>({1, 20, 6, 18, 20, 3, 3, 6, 9, 1, 2, 1, 1, 1, 1, 20}, false);
+  fails += aotc_conv_check_nhwc<1>({1, 8, 7, 9, 8, 3, 3, 5, 6, 2, 2, 2, 2, 1, 1, 8}, false);
+  fails += aotc_conv_check_nhwc<1>({1, 16, 11, 20, 16, 3, 3, 5, 10, 2, 2, 1, 1, 2, 1, 16}, false);
   return fails != 0;
 }
 #endif

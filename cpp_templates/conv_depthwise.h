@@ -55,6 +55,81 @@ static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, 
   return ((v != v) | (v < hi)) ? v : hi;
 }
 
+#ifndef AOTC_CONV_DW_OB2
+#define AOTC_CONV_DW_OB2 8  // output pixels per register block of the stride-2 3x3 kernel
+#endif
+
+// aotc_conv_dw_row's 3x3 kernel at stride 2 (dilation 1): MobileNetV2's downsampling depthwise convs.
+// Output j of a block of OB reads input pixels 2j, 2j + 1, 2j + 2 of the block's window: the 2 OB + 1
+// pixels are each loaded once per kernel row and feed the one or two outputs that hold them, 2 OB + 4
+// loads per 3 OB multiply-adds, where the general loop loads every tap (one load per multiply-add) and
+// its border pixels took a checked loop one pixel at a time. Blocks with a tap outside the row read zeros
+// there; the last block overlaps the one before when the row has OB pixels (equal values stored twice).
+// The products are summed in the general loop's order (kh, then kw).
+template <class T, int OB>
+static void aotc_conv_dw3s2_row(const aotc_conv_shape& s, const T* const* rows, int64_t sxw, const T* w, int64_t c0,
+                                int64_t cb, T* tile, int64_t ldt, const aotc_conv_clamp<T>* fin) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  const int64_t C = s.C, cv = cb / L * L, W = s.W;
+  const T* w0 = w + c0;
+  // nb (<= OB) outputs from ow; EDGE: some of their taps lie outside the row
+  auto block = [&](auto edge, int64_t ow, int64_t nb) {
+    constexpr bool EDGE = decltype(edge)::value;
+    const int64_t iw0 = ow * 2 - s.pw;
+    T* out = tile + ow * ldt;
+    for (int64_t c = 0; c < cv; c += L) {
+      V acc[OB];
+#pragma GCC unroll 16
+      for (int j = 0; j < OB; ++j) acc[j] = V{};
+      for (int64_t kh = 0; kh < 3; ++kh) {
+        if (rows[kh] == NULL) continue;
+        const T* xk = rows[kh] + c0 + c;
+        V wv[3];
+#pragma GCC unroll 3
+        for (int kw = 0; kw < 3; ++kw) memcpy(&wv[kw], w0 + (kh * 3 + kw) * C + c, sizeof(V));
+#pragma GCC unroll 40
+        for (int i = 0; i < 2 * OB + 1; ++i) {
+          V xv = V{};
+          if (!EDGE || (iw0 + i >= 0 && iw0 + i < W)) memcpy(&xv, xk + (iw0 + i) * sxw, sizeof(V));
+          if (i % 2 == 1) {
+            acc[i / 2] = aotc_vfma(xv, wv[1], acc[i / 2]);
+            continue;
+          }
+          if (i / 2 < OB) acc[i / 2] = aotc_vfma(xv, wv[0], acc[i / 2]);
+          if (i / 2 >= 1) acc[i / 2 - 1] = aotc_vfma(xv, wv[2], acc[i / 2 - 1]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int j = 0; j < OB; ++j) {
+        if (EDGE && j >= nb) break;
+        const V v = fin != NULL ? aotc_conv_vfin<T>(acc[j], *fin, fin->bias, c0 + c) : acc[j];
+        memcpy(out + j * ldt + c, &v, sizeof(V));
+      }
+    }
+    for (int64_t j = 0; j < nb; ++j)  // the channels past the last full vector
+      for (int64_t c = cv; c < cb; ++c) {
+        T acc = T(0);
+        for (int64_t kh = 0; kh < 3; ++kh) {
+          if (rows[kh] == NULL) continue;
+          for (int64_t kw = 0; kw < 3; ++kw) {
+            const int64_t iw = iw0 + 2 * j + kw;
+            if (iw >= 0 && iw < W) acc = std::fma(rows[kh][iw * sxw + c0 + c], w0[(kh * 3 + kw) * C + c], acc);
+          }
+        }
+        out[j * ldt + c] = fin != NULL ? aotc_conv_fin<T>(acc, *fin, fin->bias, c0 + c) : acc;
+      }
+  };
+  for (int64_t ow = 0; ow < s.OW; ow += OB) {
+    int64_t o = ow, nb = aotc_mm_min(OB, s.OW - ow);
+    if (nb < OB && s.OW >= OB) o = s.OW - OB, nb = OB;
+    if (nb == OB && o * 2 - s.pw >= 0 && o * 2 - s.pw + 2 * OB < W)
+      block(std::false_type(), o, nb);
+    else
+      block(std::true_type(), o, nb);
+  }
+}
+
 // One output row of a depthwise conv, channels [c0, c0 + cb), into tile[ow * ldt + (c - c0)]. ``rows[kh]``
 // is the input row ih = oh * sh - ph + kh * dh (its pixel 0, channel 0; pixel stride ``sxw``), NULL when
 // ih is outside the image: the rows need not be evenly spaced (conv_dw.h feeds a ring of computed rows).
@@ -69,6 +144,12 @@ static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* const* rows, int
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T)), OB = AOTC_CONV_DW_OB;
   const int64_t KW = KWC ? KWC : s.KW, KH = s.KH, C = s.C, cv = cb / L * L;
+  if constexpr (KWC == 3) {
+    if (s.KH == 3 && s.sw == 2 && s.dw == 1) {
+      aotc_conv_dw3s2_row<T, AOTC_CONV_DW_OB2>(s, rows, sxw, w, c0, cb, tile, ldt, fin);
+      return;
+    }
+  }
   const T* w0 = w + c0;
   // interior: iw = ow * sw - pw + kw * dw in [0, W) for kw = 0 and kw = KW - 1
   int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end((KW - 1) * s.dw - s.pw, s.sw, s.W, s.OW);

@@ -64,97 +64,143 @@ static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
   return ((v != v) | (v < hi)) ? v : hi;
 }
 
-// ``fin`` over the np x cb block at c (pitch ldc) in place, just stored by a 1x1 or depthwise kernel (still
-// in L1); ``bias`` is fin's for channel 0 of the block, or NULL. Channels past the last full vector go
-// through the scalar form (the bias holds no more).
-template <class T>
-static inline void aotc_block_fin_rows(T* c, int64_t ldc, int64_t np, int64_t cb, const aotc_conv_clamp<T>& fin, const T* bias) {
-  typedef typename aotc_mm_vec<T>::type V;
+// An MR x NV block of accumulators into c (pitch ldc), ``fin`` (NULL: none; ``bias`` the block's or NULL)
+// applied on the way.
+template <class T, int MR, int NV, class V>
+static inline void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  const V lo = aotc_vset1(fin.lo), hi = aotc_vset1(fin.hi);
-  const int64_t cv = cb / L * L;
-  for (int64_t i = 0; i < np; ++i) {
-    T* row = c + i * ldc;
-    for (int64_t j = 0; j < cv; j += L) {
-      V v;
-      memcpy(&v, row + j, sizeof(V));
-      v = aotc_block_vclamp<T>(v, bias != NULL ? bias + j : NULL, lo, hi);
-      memcpy(row + j, &v, sizeof(V));
-    }
-    for (int64_t j = cv; j < cb; ++j) row[j] = aotc_conv_fin<T>(row[j], fin, bias, j);
+  if (fin != NULL) {
+    const V lo = aotc_vset1(fin->lo), hi = aotc_vset1(fin->hi);
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = aotc_block_vclamp<T>(acc[i][j], bias != NULL ? bias + j * L : NULL, lo, hi);
   }
-}
-
-// ``fin`` over an MR x NR block that conv.h's aotc_conv_micro just stored (still in L1): one load and
-// store per vector more than applying it in registers, which measured the same; ``bias`` is the panel's
-// (channels past O read zeros there), or NULL.
-template <class T, int MR, int NV>
-static inline void aotc_block_fin_tile(T* c, int64_t ldc, const aotc_conv_clamp<T>& fin, const T* bias) {
-  typedef typename aotc_mm_vec<T>::type V;
-  constexpr int L = (int)(sizeof(V) / sizeof(T));
-  const V lo = aotc_vset1(fin.lo), hi = aotc_vset1(fin.hi);
-#pragma GCC unroll 16
+#pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      V v;
-      memcpy(&v, c + i * ldc + j * L, sizeof(V));
-      v = aotc_block_vclamp<T>(v, bias != NULL ? bias + j * L : NULL, lo, hi);
-      memcpy(c + i * ldc + j * L, &v, sizeof(V));
+    for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+}
+
+// conv.h's micro-kernels for a 1x1 conv (one tap of C channels) with ``fin`` applied to the accumulators
+// before they are stored (aotc_block_store): MR pixels, the NV vectors of the NVP-vector panel b this pass
+// computes. STEP > 0: the row kernel, pixel i at a + i * STEP; STEP == 0: pixel i at ind[i]. The expand
+// convs of 16 or 24 input channels (MobileNetV2's 112x112 and 56x56 blocks) spent a sixth of their block
+// in a pass over the stored tile.
+template <class T, int MR, int NV, int NVP, int STEP>
+static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c, int64_t ldc,
+                                       const aotc_conv_clamp<T>* fin, const T* bias) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NVP * L;
+  V acc[MR][NV];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+  const T* p[STEP > 0 ? 1 : MR];
+  if constexpr (STEP == 0)
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) p[i] = ind[i];
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < C; ++k) {
+    const T* ak = NULL;
+    if constexpr (STEP > 0) {
+      ak = a + k;
+      __asm__("" : "+r"(ak));  // one load per broadcast (conv.h's aotc_conv_row_micro_part says why)
     }
+    V bv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) memcpy(&bv[j], b + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+      V av;
+      if constexpr (STEP > 0)
+        av = aotc_vset1(ak[i * STEP]);
+      else
+        av = aotc_vset1(p[i][k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
+    }
+  }
+  aotc_block_store<T, MR, NV>(acc, c, ldc, fin, bias);
+}
+
+template <class T, int MR, int NV, int STEP>
+static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c,
+                                        int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
+  constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NV>::value;
+  for (int j0 = 0; j0 < NV; j0 += NH)
+    aotc_block_1x1_part<T, MR, NH, NV, STEP>(C, a, ind, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL);
 }
 
 // The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
 // packed weight wp, O output channels, into c[p - q][0 .. roundup(O, NR)); wp's panels are kp >= C rows
 // long (rows [k0, k0 + C) of a weight packed for kp input channels: wp points at row k0 of the first panel,
-// wp + k0 * NR). Without ``fin`` c has
-// roundup(np, MR) rows (the last strip's padding rows are written too); with it, ``fin`` is applied in
-// registers (``bias``: image n's, roundup(O, NR) long, or NULL) and only np rows are written: a last
-// partial strip goes through ``tail`` (MR x ldc).
+// wp + k0 * NR). ``fin`` (NULL: none) is applied on the accumulators (``bias``: image n's, roundup(O, NR)
+// long, or NULL).
+// At least MR pixels (the usual case; or MR / 2 to 3 MR / 4) go in strips of MR, a last short one as
+// MR / 2 or MR / 4 or overlapping the strip before (conv.h's aotc_conv_row_strips; the overlap's rows are
+// computed and stored again, equal): exactly np rows are written. A 7x7 image's 49 pixels padded to 60 rows
+// of strips of 12 (AVX-512) took a fifth more multiply-adds than the pixels need, and MobileNetV2's small
+// blocks are mostly their 1x1 convs. Fewer pixels take whole strips with padding: then without ``fin`` c
+// has roundup(np, MR) rows (the padding rows are written too), with it the last strip goes through
+// ``tail`` (MR x ldc) and only np rows are written.
 // STEP: the pixel stride sxw when known at compile time (0: not). Where the pixels are evenly spaced
-// (sxh == W * sxw) a full strip then takes conv.h's row micro-kernel, each broadcast one load at a fixed
-// offset, where aotc_conv_micro re-reads its MR pixel pointers from the stack: a load per broadcast more,
-// which on the 1x1 convs of 16 to 32 input channels left the load ports, not the FMAs, the limit (AVX-512,
-// MobileNetV2's blocks 5-24% faster). AVX2's strips of 6 keep their pointers in registers: unchanged there
-// (the row kernel measured 0-4% slower).
+// (sxh == W * sxw) a strip then takes the row form of aotc_block_1x1_micro, each broadcast one load at a
+// fixed offset, where the pointer form re-reads its MR pixel pointers from the stack: a load per broadcast
+// more, which on the 1x1 convs of 16 to 32 input channels left the load ports, not the FMAs, the limit
+// (AVX-512, MobileNetV2's blocks 5-24% faster). AVX2's strips of 6 keep their pointers in registers:
+// the pointer form there (the row form measured 0-4% slower).
 template <class T, int NV, int STEP = 0>
 static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t W, int64_t q, int64_t np, int64_t C,
                                   int64_t kp, int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
                                   const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int NR = NV * (int)(sizeof(V) / sizeof(T)), MR = aotc_conv_mr<NV>::value;
-  const int64_t strips = (np + MR - 1) / MR;
-  for (int64_t i = 0, h = q / W, w = q % W; i < strips * MR; ++i) {
+  constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
+  // aotc_conv_row_strips's strips start inside [0, np) there (np in (3 MR / 4, MR) would take a full strip)
+  const bool exact = np >= MR || (np >= MR2 && np <= 3 * MR / 4);
+  const int64_t strips = (np + MR - 1) / MR, rows = exact ? np : strips * MR;
+  for (int64_t i = 0, h = q / W, w = q % W; i < rows; ++i) {
     ind[i] = i < np ? xn + h * sxh + w * sxw : ind[0];  // past np: any real pixel
     if (++w == W) w = 0, ++h;
   }
   constexpr bool rowk = STEP > 0 && MR > 8;
   const bool even = rowk && sxw == STEP && (sxh == W * sxw || q % W + np <= W);  // one row, or dense rows
-  auto micro = [&](int64_t si, int64_t js, T* dst) {
+  // M pixels from ind[i] into dst; ``real``: all M of them are pixels, none padding
+  auto strip = [&](auto m, int64_t i, int64_t js, T* dst, bool real = true) {
+    constexpr int M = decltype(m)::value;
+    const T* b = bias != NULL ? bias + js : NULL;
     if constexpr (rowk) {
-      if (even && si * MR + MR <= np) {  // pixel i of the strip at ind[si * MR] + i * STEP
-        aotc_conv_row_micro<T, MR, NV, STEP>(1, C, ind[si * MR], 0, wp + js * kp, dst, ldc);
+      if (even && real) {  // pixel i + j at ind[i] + j * STEP
+        aotc_block_1x1_micro<T, M, NV, STEP>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b);
         return;
       }
     }
-    aotc_conv_micro<T, MR, NV>(1, C, ind + si * MR, wp + js * kp, dst, ldc);
+    aotc_block_1x1_micro<T, M, NV, 0>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b);
   };
-  for (int64_t js = 0; js < O; js += NR)
+  for (int64_t js = 0; js < O; js += NR) {
+    if (exact) {
+      aotc_conv_row_strips<MR, MR2, MR4>(0, np, [&](auto m, int64_t i) { strip(m, i, js, c + i * ldc + js); });
+      continue;
+    }
     for (int64_t si = 0; si < strips; ++si) {
-      if (fin == NULL) {
-        micro(si, js, c + si * MR * ldc + js);
+      const bool real = si * MR + MR <= np;
+      if (fin == NULL || real) {
+        strip(std::integral_constant<int, MR>(), si * MR, js, c + si * MR * ldc + js, real);
         continue;
       }
-      const T* b = bias != NULL ? bias + js : NULL;
-      if (si * MR + MR <= np) {
-        micro(si, js, c + si * MR * ldc + js);
-        aotc_block_fin_tile<T, MR, NV>(c + si * MR * ldc + js, ldc, *fin, b);
-        continue;
-      }
-      micro(si, js, tail + js);
-      aotc_block_fin_tile<T, MR, NV>(tail + js, ldc, *fin, b);
+      strip(std::integral_constant<int, MR>(), si * MR, js, tail + js, false);
       for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
     }
+  }
+}
+
+// The first of the pieces of at most ``most`` pixels that ``rest`` pixels split into evenly: 98 as 49 + 49,
+// not 96 + 2 (a piece too short for aotc_block_1x1's unpadded strips).
+static inline int64_t aotc_block_piece(int64_t rest, int64_t most) {
+  const int64_t pieces = (rest + most - 1) / most;
+  return (rest + pieces - 1) / pieces;
 }
 
 // Whether a stage's epilogue is the register one (aotc_conv_clamp) rather than a lambda over rows.
@@ -234,14 +280,14 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
     const int64_t h0 = sl * pp * NRE, h1 = aotc_mm_min(h0 + pp * NRE, hid), hb = h1 - h0;  // the hidden channels
     T* part = slices > 1 ? parts + (n * slices + sl) * part_sz : NULL;
     const aotc_conv_clamp<T>* fin_e = NULL;
-    aotc_conv_clamp<T> fin_d{NULL, 0, T(0), T(0)};
+    aotc_conv_clamp<T> fin_d{NULL, 0, T(0), T(0)};  // image n's (aotc_conv_dw_row indexes its bias by channel)
     if constexpr (aotc_block_fin<T, EpiE>::value) {
       fin_e = &epi_e;
       for (int64_t c = 0; c < ldr; ++c) ebias[c] = epi_e.bias != NULL && c < hid ? epi_e.bias[n * epi_e.bias_n + c] : T(0);
     }
     if constexpr (aotc_block_fin<T, EpiD>::value) {
       fin_d = epi_d;
-      if (fin_d.bias != NULL) fin_d.bias += n * fin_d.bias_n + h0;
+      if (fin_d.bias != NULL) fin_d.bias += n * fin_d.bias_n;
     }
     const int64_t oh0 = st * OH / strips, oh1 = (st + 1) * OH / strips;
     const T* xn = x + xs.off + n * xs.s0;
@@ -253,7 +299,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
       // expand the rows not in the ring yet, in pieces of at most EP pixels that do not wrap around it
       for (int64_t q = std::max<int64_t>(need0, oh == oh0 ? need0 : have) * W; q < need1 * W;) {
         const int64_t ih = q / W, wrap = (ih - ih % cap + cap) * W;
-        const int64_t np = aotc_mm_min(aotc_mm_min((int64_t)EP, need1 * W - q), wrap - q);
+        const int64_t np = aotc_block_piece(aotc_mm_min(need1 * W, wrap) - q, EP);
         T* dst = ring + ((ih % cap) * W + q % W) * ldr;
         if constexpr (aotc_block_fin<T, EpiE>::value) {
           aotc_block_1x1<T, NVE, SE>(xn, xs.s2, xs.s3, W, q, np, se.C, se.C, hb, we + h0 * se.C, ind, dst + h0, ldr, fin_e,
@@ -270,18 +316,16 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
           const int64_t ih = (oh + j) * sh - sd.ph + kh;
           rows[kh] = ih >= 0 && ih < H ? ring + (ih % cap) * W * ldr : NULL;
         }
+        // a register epilogue in the row kernel, on the accumulators (aotc_conv_vfin's max/min): no pass over the rows
+        const aotc_conv_clamp<T>* fin = aotc_block_fin<T, EpiD>::value ? &fin_d : NULL;
         if (sd.KW == 3)
-          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd);
+          aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd, fin);
         else
-          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd);
+          aotc_conv_dw_row<T, 0>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd, fin);
       }
-      // the depthwise's epilogue after its rows, not inside aotc_conv_dw_row: the clamp there is the slow form
-      if constexpr (aotc_block_fin<T, EpiD>::value)
-        aotc_block_fin_rows<T>(drow + h0, ldd, r * OW, hb, fin_d, fin_d.bias);
-      else
-        epi_d(n, oh * OW, r * OW, h0, hb, (const T*)(drow + h0), ldd, drow);
-      for (int64_t q = 0; q < r * OW; q += EP) {
-        const int64_t np = aotc_mm_min((int64_t)EP, r * OW - q);
+      if constexpr (!aotc_block_fin<T, EpiD>::value) epi_d(n, oh * OW, r * OW, h0, hb, (const T*)(drow + h0), ldd, drow);
+      for (int64_t q = 0, np; q < r * OW; q += np) {
+        np = aotc_block_piece(r * OW - q, EP);
         if (part != NULL) {  // this slice's share of the projection, straight into its partial sums
           aotc_block_1x1<T, NVP, SP>(drow + h0, 0, ldd, r * OW, q, np, hb, hid, sp.O, wp + h0 * NRP, ind, part + (oh * OW + q) * ldp, ldp);
           continue;
@@ -312,7 +356,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
 }
 
 #ifdef AOTC_SELFTEST_CONV_DW
-// The block against the three kernels it replaces (aotc_conv2d_packed, aotc_conv2d_dw, aotc_conv2d_packed)
+// The block against the three convs it replaces (aotc_conv2d_packed, a naive depthwise loop, aotc_conv2d_packed)
 // with ReLU6 after the first two and a residual after the last, on small integer data (exact in fp32).
 #include <stdio.h>
 
@@ -336,17 +380,27 @@ static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
   auto relu6 = [](float v) { return v < 0 ? 0.0f : v > 6 ? 6.0f : v; };
   // the three kernels through full-size buffers
   std::vector<float> e(N * H * W * hid), d(N * OH * OW * hid), want(N * OH * OW * O), got(want.size(), -1.0f);
-  const aotc_conv_strides xs{0, H * W * C, 1, W * C, C}, es{0, H * W * hid, 1, W * hid, hid};
+  const aotc_conv_strides xs{0, H * W * C, 1, W * C, C};
   const aotc_conv_strides ds{0, OH * OW * hid, 1, OW * hid, hid};
   aotc_pool_set_threads(threads);
   aotc_conv2d_packed<float, NVE>(se, x.data(), xs, we.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
     for (int64_t p = p0; p < p0 + pb; ++p)
       for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) e[(n * H * W + p) * hid + oc] = relu6(t[(p - p0) * ldt + oc - oc0] - 1);
   });
-  aotc_conv2d_dw<float>(sd, e.data(), es, wd.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
-    for (int64_t p = p0; p < p0 + pb; ++p)
-      for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) d[(n * OH * OW + p) * hid + oc] = relu6(t[(p - p0) * ldt + oc - oc0] + 2);
-  });
+  // the depthwise as a naive loop: through aotc_conv2d_dw it shares aotc_conv_dw_row with the block, and a
+  // broken row kernel gave both the same wrong answer
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow)
+        for (int64_t c = 0; c < hid; ++c) {
+          float acc = 0;
+          for (int64_t kh = 0; kh < 3; ++kh)
+            for (int64_t kw = 0; kw < 3; ++kw) {
+              const int64_t ih = oh * stride - 1 + kh, iw = ow * stride - 1 + kw;
+              if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc += e[(n * H * W + ih * W + iw) * hid + c] * wd[(kh * 3 + kw) * hid + c];
+            }
+          d[(n * OH * OW + oh * OW + ow) * hid + c] = relu6(acc + 2);
+        }
   aotc_conv2d_packed<float, NVP>(sp, d.data(), ds, wp.data(), [&](int64_t n, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* t, int64_t ldt) {
     for (int64_t p = p0; p < p0 + pb; ++p)
       for (int64_t oc = oc0; oc < oc0 + ocb; ++oc)
