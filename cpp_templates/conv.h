@@ -734,6 +734,21 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
       const T* bp = wp + ((o0 + js) / NR) * taps * s.C * NR;
       for (int64_t si = 0; si < strips; ++si) {
         T* c = tile + si * MR * nbp + js;
+        const int64_t left = pb - si * MR;  // pixels in this strip
+        // A 1x1 block's short last strip runs a quarter or half of the rows instead of rows of zeros (a 7x7
+        // image's 49 pixels took 60 rows); its pointers are the strip's first, one tap.
+        if constexpr (MR % 4 == 0) {
+          if (rows && left <= MR / 4) {
+            aotc_conv_micro<T, MR / 4, NV>(1, s.C, ind + si * MR, bp, c, nbp);
+            continue;
+          }
+        }
+        if constexpr (MR % 2 == 0) {
+          if (rows && left <= MR / 2) {
+            aotc_conv_micro<T, MR / 2, NV>(1, s.C, ind + si * MR, bp, c, nbp);
+            continue;
+          }
+        }
         if (wide[si])
           aotc_conv_micro<T, MR, NV>(s.KH, s.KW * s.C, ind + si * taps * MR, bp, c, nbp);
         else
@@ -833,6 +848,9 @@ int main() {
     fails += aotc_conv_check_nhwc<1>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);  // strided, padded
     fails += aotc_conv_check_nhwc<2>({2, 5, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);
     fails += aotc_conv_check_nhwc<2>({1, 8, 5, 5, 3, 1, 1, 5, 5, 1, 1, 0, 0, 1, 1, 1}, nchw);    // 1x1
+    fails += aotc_conv_check_nhwc<2>({1, 24, 7, 7, 40, 1, 1, 7, 7, 1, 1, 0, 0, 1, 1, 1}, nchw);  // 1x1, 49 pixels
+    fails += aotc_conv_check_nhwc<2>({2, 24, 5, 6, 40, 1, 1, 5, 6, 1, 1, 0, 0, 1, 1, 1}, nchw);  // ... 30 (a half strip)
+    fails += aotc_conv_check_nhwc<1>({2, 5, 1, 11, 9, 1, 1, 1, 11, 1, 1, 0, 0, 1, 1, 1}, nchw);   // ... 11
     fails += aotc_conv_check_nhwc<1>({1, 7, 12, 10, 9, 3, 3, 4, 3, 3, 3, 2, 1, 2, 2, 1}, nchw);  // dilated
     // row taps (strips inside the image horizontally) next to per-tap strips at the borders
     fails += aotc_conv_check_nhwc<1>({2, 3, 13, 11, 16, 3, 3, 13, 11, 1, 1, 1, 1, 1, 1, 1}, nchw);  // a stem
