@@ -1,12 +1,12 @@
 // The thread pool generated CPU code runs its parallel loops on: persistent worker threads that claim
-// chunks of a loop from one atomic word, and a per-call policy that drops to the calling thread alone
-// while the workers do not get a core.
+// chunks of a loop (each its own share first, then the others'), and a per-call policy that drops to the
+// calling thread alone while the workers do not get a core.
 //
 // Note (why not OpenMP regions): an OpenMP loop ends at a barrier, so every kernel waits for the slowest
 // thread. On an edge server another process often holds a core; the worker that shares that core runs
 // only every few milliseconds, and every kernel's barrier then waits for it: examples/mlp.py at 1x256 took
 // 16 ms a call on 2 threads with one core busy against 1.4 ms on one thread. Here the caller works too,
-// chunks are claimed one at a time from a shared counter, and a loop is over when its chunks are done,
+// chunks are claimed one at a time (aotc_pool_claim), and a loop is over when its chunks are done,
 // not when every thread has arrived: a worker that wakes late finds nothing left and nobody waits for it.
 // What remains is a worker descheduled in the middle of a chunk. The caller measures that wait (the time
 // between running out of chunks and the last chunk's end) against what the workers contributed; when the
