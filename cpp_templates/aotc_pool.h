@@ -1,12 +1,12 @@
 // The thread pool generated CPU code runs its parallel loops on: persistent worker threads that claim
-// chunks of a loop from one atomic word, and a per-call policy that drops to the calling thread alone
-// while the workers do not get a core.
+// chunks of a loop (each its own share first, then the others'), and a per-call policy that drops to the
+// calling thread alone while the workers do not get a core.
 //
 // Note (why not OpenMP regions): an OpenMP loop ends at a barrier, so every kernel waits for the slowest
 // thread. On an edge server another process often holds a core; the worker that shares that core runs
 // only every few milliseconds, and every kernel's barrier then waits for it: examples/mlp.py at 1x256 took
 // 16 ms a call on 2 threads with one core busy against 1.4 ms on one thread. Here the caller works too,
-// chunks are claimed one at a time from a shared counter, and a loop is over when its chunks are done,
+// chunks are claimed one at a time (aotc_pool_claim), and a loop is over when its chunks are done,
 // not when every thread has arrived: a worker that wakes late finds nothing left and nobody waits for it.
 // What remains is a worker descheduled in the middle of a chunk. The caller measures that wait (the time
 // between running out of chunks and the last chunk's end) against what the workers contributed; when the
@@ -102,8 +102,9 @@ static_assert(AOTC_POOL_MAX >= 1 && AOTC_POOL_MAX <= 127, "the job word holds a 
 #define AOTC_CHUNKS_PER_THREAD 16  // at most: enough that a late thread costs a small chunk, not a share
 #endif
 
-// The job word: generation (19 bits) | width (7) | chunks (19) | next chunk (19). Packing them makes a
-// claim one compare-and-swap that fails once the loop it read has been replaced by another.
+// The job word: generation (19 bits) | width (7) | chunks (19). A thread's share word: generation | first
+// chunk left (19) | end (19). Packing them makes a claim one compare-and-swap that fails once the loop it
+// read has been replaced by another.
 #define AOTC_POOL_NBITS 19
 #define AOTC_POOL_CHUNKS_MAX ((1 << AOTC_POOL_NBITS) - 1)
 
@@ -139,13 +140,16 @@ static inline void aotc_futex_wake(std::atomic<uint32_t>* word, int n) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
 
-static inline uint64_t aotc_job_pack(uint64_t gen, uint64_t width, uint64_t chunks, uint64_t next) {
-  return gen << 45 | width << 38 | chunks << 19 | next;
+static inline uint64_t aotc_job_pack(uint64_t gen, uint64_t width, uint64_t chunks) {
+  return gen << 45 | width << 38 | chunks << 19;
 }
 static inline uint32_t aotc_job_gen(uint64_t j) { return (uint32_t)(j >> 45); }
 static inline int aotc_job_width(uint64_t j) { return (int)(j >> 38 & 127); }
 static inline int64_t aotc_job_chunks(uint64_t j) { return (int64_t)(j >> 19 & AOTC_POOL_CHUNKS_MAX); }
-static inline int64_t aotc_job_next(uint64_t j) { return (int64_t)(j & AOTC_POOL_CHUNKS_MAX); }
+static inline uint64_t aotc_share_pack(uint64_t gen, uint64_t lo, uint64_t hi) { return gen << 38 | lo << 19 | hi; }
+static inline uint32_t aotc_share_gen(uint64_t s) { return (uint32_t)(s >> 38); }
+static inline int64_t aotc_share_lo(uint64_t s) { return (int64_t)(s >> 19 & AOTC_POOL_CHUNKS_MAX); }
+static inline int64_t aotc_share_hi(uint64_t s) { return (int64_t)(s & AOTC_POOL_CHUNKS_MAX); }
 
 // True on a thread while it runs a chunk: a loop started inside one runs serially (no nested pools).
 static thread_local bool aotc_pool_inside = false;
@@ -161,8 +165,13 @@ struct aotc_pool_stats {  // for tests and benchmarks: what the policy saw (aotc
   int64_t wait_ns = 0, loss_ns = 0, gain_ns = 0, worker_chunks = 0, chunks = 0, serial = 0, explores = 0;
 };
 
+struct aotc_share {  // one thread's share of a loop's chunks (its own cache line: the owner claims often)
+  alignas(64) std::atomic<uint64_t> word{0};
+};
+
 struct aotc_pool {
   alignas(64) std::atomic<uint64_t> job{0};
+  aotc_share shares[AOTC_POOL_MAX];  // slot s's share of the current loop (aotc_pool_claim)
   alignas(64) std::atomic<uint32_t> done{0};  // chunks finished in the current loop
   std::atomic<uint32_t> caller_sleeping{0};
   std::atomic<int> failed{0};
@@ -236,15 +245,25 @@ static inline void aotc_pool_chunk(aotc_pool& p, int64_t c, int64_t chunks, int 
     aotc_futex_wake(&p.done, 1);
 }
 
-// Claim the next chunk of generation ``gen``; -1 when it has none left (or is over). ``chunks`` gets the
-// loop's chunk count, read from the same word the claim succeeded on.
-static inline int64_t aotc_pool_claim(aotc_pool& p, uint32_t gen, int64_t* chunks) {
-  uint64_t j = p.job.load(std::memory_order_acquire);
-  while (aotc_job_gen(j) == gen && aotc_job_next(j) < aotc_job_chunks(j))
-    if (p.job.compare_exchange_weak(j, j + 1, std::memory_order_acquire)) {
-      *chunks = aotc_job_chunks(j);
-      return aotc_job_next(j);
+// Claim a chunk of generation ``gen`` for ``slot`` of a loop ``width`` threads wide: the first left of
+// its own share, else the last left of another's; -1 when none is left (or the loop is over).
+// Note (why shares): slot s's share is the s-th of ``width`` equal runs of the chunks, so consecutive loops
+// over the same rows (a matmul, its epilogue's output read by the next matmul, a layer norm) give each row
+// to the same thread, whose core's L2 still holds it. Chunks handed out in order from one counter went to
+// whichever thread asked next, so about half of a matmul's rows of A came from the other core's cache.
+// A thread that runs out steals from the ends of the others' shares, one chunk at a time, so a loop still
+// ends within a chunk of balanced, and a worker that wakes late (or is descheduled) finds its share taken
+// by the caller: nobody waits for a thread that does not come.
+static inline int64_t aotc_pool_claim(aotc_pool& p, uint32_t gen, int slot, int width) {
+  for (int i = 0; i < width; ++i) {
+    std::atomic<uint64_t>& w = p.shares[(slot + i) % width].word;
+    uint64_t v = w.load(std::memory_order_acquire);
+    while (aotc_share_gen(v) == gen && aotc_share_lo(v) < aotc_share_hi(v)) {
+      const bool own = i == 0;  // own share: from its front; another's: from its end
+      if (w.compare_exchange_weak(v, own ? v + ((uint64_t)1 << AOTC_POOL_NBITS) : v - 1, std::memory_order_acquire))
+        return own ? aotc_share_lo(v) : aotc_share_hi(v) - 1;
     }
+  }
   return -1;
 }
 
@@ -269,10 +288,11 @@ static void* aotc_pool_worker(void* arg) {
     }
     if (p.stop.load()) return NULL;
     seen = aotc_job_gen(j);
-    if (id >= aotc_job_width(j)) continue;
+    const int width = aotc_job_width(j);
+    if (id >= width) continue;
     aotc_pool_inside = true;
-    int64_t n = 0;
-    for (int64_t c; (c = aotc_pool_claim(p, seen, &n)) >= 0;) {
+    const int64_t n = aotc_job_chunks(j);
+    for (int64_t c; (c = aotc_pool_claim(p, seen, id, width)) >= 0;) {
       if (p.test_worker_delay_ns) {
         const timespec ts = {0, (long)p.test_worker_delay_ns};
         nanosleep(&ts, NULL);
@@ -379,14 +399,16 @@ static void aotc_pool_run(int64_t chunks, int threads, F&& f) {
   p.done.store(0, std::memory_order_relaxed);
   p.failed.store(0, std::memory_order_relaxed);
   const uint32_t gen = (aotc_job_gen(p.job.load()) + 1) & ((1u << AOTC_POOL_NBITS) - 1);
-  p.job.store(aotc_job_pack(gen, (uint64_t)threads, (uint64_t)chunks, 0));  // seq_cst: before the reads below
+  for (int s = 0; s < threads; ++s)  // before the job word, which a worker reads first
+    p.shares[s].word.store(aotc_share_pack(gen, (uint64_t)(s * chunks / threads), (uint64_t)((s + 1) * chunks / threads)),
+                           std::memory_order_relaxed);
+  p.job.store(aotc_job_pack(gen, (uint64_t)threads, (uint64_t)chunks));  // seq_cst: after the shares, before the reads below
   p.stats.loops += 1;
   aotc_pool_inside = true;
   if (site < 0 || !p.short_site[site]) aotc_pool_wake(p, threads);
   const int64_t t0 = aotc_now_ns();  // after the wake-up calls: a loop's length is its own
   int64_t mine = 0;
-  int64_t n = 0;
-  for (int64_t c; (c = aotc_pool_claim(p, gen, &n)) >= 0; ++mine) aotc_pool_chunk(p, c, chunks, 0);
+  for (int64_t c; (c = aotc_pool_claim(p, gen, 0, threads)) >= 0; ++mine) aotc_pool_chunk(p, c, chunks, 0);
   const int64_t t1 = aotc_now_ns();
   if (site >= 0) p.short_site[site] = (t1 - t0) * (mine < chunks ? threads : 1) < AOTC_POOL_WAKE_MIN_NS;
   for (int64_t i = 1; p.done.load() < (uint32_t)chunks; ++i) {
@@ -631,6 +653,18 @@ int main() {
     if (slot) helped.fetch_add(1);
   });
   if (helped.load() == 0) printf("the worker ran no chunk\n"), ++fails;
+  // Each thread starts at the front of its own share (slot s: chunk s * chunks / width); the others take
+  // from the ends of shares, so a share's first chunk is its owner's whenever the owner runs any.
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int64_t> first[2] = {{-1}, {-1}};
+    aotc_pool_run(40, 2, [&](int64_t c, int slot) {
+      int64_t none = -1;
+      first[slot].compare_exchange_strong(none, c);
+      aotc_nap(20000);
+    });
+    if (first[0].load() != 0) printf("the caller began at chunk %ld\n", (long)first[0].load()), ++fails;
+    if (first[1].load() != -1 && first[1].load() != 20) printf("the worker began at chunk %ld\n", (long)first[1].load()), ++fails;
+  }
   // A loop inside a chunk runs on that thread alone.
   std::atomic<int> nested_bad{0};
   aotc_pool_run(4, 2, [&](int64_t, int) {

@@ -598,8 +598,8 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
       });
     }
     // Task t is (batch, column block, row block), row blocks innermost, when a column block of B fits in
-    // L2: the tasks that read one block of B run next to each other (on 2 threads, at the same time), so B
-    // streams from memory about once, not once per row block (GPT-2 at 4 x 128 tokens has three blocks of
+    // L2: the tasks that read one block of B run next to each other (mostly on one thread, which walks its
+    // share of the tasks in order), so B streams from memory about once, not once per row block (GPT-2 at 4 x 128 tokens has three blocks of
     // 176 rows). A larger block (2048^3: 4 MiB) would not be there for the next task: row blocks outermost.
     const bool m_inner = (double)NB * (double)K * sizeof(T) <= AOTC_MM_A_L2;
     auto coords = [&](int64_t t, int64_t* bi, int64_t* mi, int64_t* ni) {
@@ -608,8 +608,9 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
       *ni = m_inner ? t / mblocks % nblocks : t % nblocks;
     };
     // The first B slice of task ``t``, or NULL: a task's last panel prefetches the first of the task this
-    // thread likely claims next (t + nthreads), so the stream of a build-time packed B has no cold start
-    // per task; narrow tasks (2 threads, 32-64 columns) made that a cache miss every 2-8 panels.
+    // thread likely claims next (t + 1: a thread walks its own share of the tasks, aotc_pool_claim), so
+    // the stream of a build-time packed B has no cold start per task; narrow tasks (2 threads, 32-64
+    // columns) made that a cache miss every 2-8 panels.
     auto first_slice = [&](int64_t t) -> const T* {
       if constexpr (BSrc::packs) {
         return NULL;
@@ -656,7 +657,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
             const int64_t kc = aotc_mm_min(K - k0, KC);
             const T* bj = b0 + (js / NR) * pstride + k0 * NR;
             const bool last = js + NR >= nbp && k0 + KC >= K;
-            panel(ablk + k0 * mbp, kc, bj, last ? first_slice(t + nthreads) : bj + kc * NR, js, k0 > 0);
+            panel(ablk + k0 * mbp, kc, bj, last ? first_slice(t + 1) : bj + kc * NR, js, k0 > 0);
           }
       } else {
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -677,7 +678,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
               int64_t ps = 0;
               next_slice = bsrc.template slice<NR>(bi, n0, nb, nbp, k0 + KC, 0, bws, &ps);
             } else {
-              next_slice = first_slice(t + nthreads);
+              next_slice = first_slice(t + 1);
             }
           }
           for (int64_t js = 0; js < nbp; js += NR) {
