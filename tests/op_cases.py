@@ -79,17 +79,21 @@ class Bottleneck(nn.Module):
         return torch.flatten(F.adaptive_avg_pool2d(y, 1), 1)
 
 
+def inverted_body(c_in: int, hid: int, c_out: int, stride: int = 1) -> nn.Sequential:
+    """MobileNetV2's block without its residual: 1x1 expand, depthwise 3x3, 1x1 project, each with batch norm."""
+    return nn.Sequential(
+        nn.Conv2d(c_in, hid, 1, bias=False), random_bn(hid), nn.ReLU6(),
+        nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False), random_bn(hid), nn.ReLU6(),
+        nn.Conv2d(hid, c_out, 1, bias=False), random_bn(c_out),
+    )  # fmt: skip
+
+
 class InvertedResidual(nn.Module):
     """MobileNetV2's block: 1x1 expand, depthwise 3x3, ReLU6, 1x1 project, residual add."""
 
     def __init__(self, c: int, expand: int) -> None:
         super().__init__()
-        h = c * expand
-        self.body = nn.Sequential(
-            nn.Conv2d(c, h, 1, bias=False), random_bn(h), nn.ReLU6(),
-            nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), random_bn(h), nn.ReLU6(),
-            nn.Conv2d(h, c, 1, bias=False), random_bn(c),
-        )  # fmt: skip
+        self.body = inverted_body(c, c * expand, c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x)

@@ -19,17 +19,9 @@ from aotc_build.codegen import cpp
 from aotc_build.codegen.cpp_block import find_blocks
 from aotc_build.codegen.cpp_pack import pack_plan
 from aotc_build.options import BuildOptions, Target
-from op_cases import check_batches, random_bn
+from op_cases import check_batches, inverted_body
 from torch import nn
 from torch.export import Dim
-
-
-def _block(c_in: int, hid: int, c_out: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, hid, 1, bias=False), random_bn(hid), nn.ReLU6(),
-        nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False), random_bn(hid), nn.ReLU6(),
-        nn.Conv2d(hid, c_out, 1, bias=False), random_bn(c_out),
-    )  # fmt: skip
 
 
 class Net(nn.Module):
@@ -41,11 +33,11 @@ class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1), nn.ReLU())
-        self.res = _block(16, 96, 16, 1)
-        self.s2 = _block(16, 78, 13, 2)
+        self.res = inverted_body(16, 96, 16, 1)
+        self.s2 = inverted_body(16, 78, 13, 2)
         self.expand = nn.Sequential(nn.Conv2d(13, 120, 1), nn.ReLU6())
         self.dw = nn.Conv2d(120, 120, 3, 1, 1, groups=120)
-        self.small = _block(13, 24, 8, 2)
+        self.small = inverted_body(13, 24, 8, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
@@ -104,9 +96,9 @@ class Chain(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1), nn.ReLU6())
-        self.a = _block(16, 96, 16, 1)
-        self.b = _block(16, 96, 24, 2)
-        self.c = _block(24, 144, 24, 1)
+        self.a = inverted_body(16, 96, 16, 1)
+        self.b = inverted_body(16, 96, 24, 2)
+        self.c = inverted_body(24, 144, 24, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)

@@ -17,17 +17,9 @@ from aotc_build.capture import capture_module
 from aotc_build.codegen.cpp_block import find_blocks
 from aotc_build.codegen.cpp_pack import pack_plan
 from aotc_build.options import BuildOptions, Target
-from op_cases import check_batches, random_bn
+from op_cases import check_batches, inverted_body
 from torch import nn
 from torch.export import Dim
-
-
-def _block(c_in: int, hid: int, c_out: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, hid, 1, bias=False), random_bn(hid), nn.ReLU6(),
-        nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False), random_bn(hid), nn.ReLU6(),
-        nn.Conv2d(hid, c_out, 1, bias=False), random_bn(c_out),
-    )  # fmt: skip
 
 
 class Small(nn.Module):
@@ -37,8 +29,8 @@ class Small(nn.Module):
     def __init__(self, c: int, hid: int, c2: int, hid2: int, c3: int) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, c, 3, 2, 1), nn.ReLU6())
-        self.a, self.b = _block(c, hid, c, 1), _block(c, hid, c2, 2)
-        self.c, self.d = _block(c2, hid2, c2, 1), _block(c2, hid2, c3, 1)
+        self.a, self.b = inverted_body(c, hid, c, 1), inverted_body(c, hid, c2, 2)
+        self.c, self.d = inverted_body(c2, hid2, c2, 1), inverted_body(c2, hid2, c3, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
