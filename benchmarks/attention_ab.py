@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from cpu_matmul_ab import base_templates  # benchmarks/ is this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "benchmarks" / "attention_ab.cpp"
@@ -61,19 +62,6 @@ def build(name: str, templates: Path, level: str, work: Path) -> ctypes.CDLL:
     lib.ab_attn.argtypes = [i64, i64, i64, i64, i64, i64, i, i, p, p, p, i, i, p]
     lib.ab_attn.restype = None
     return lib
-
-
-def base_templates(rev: str, work: Path) -> Path:
-    d = work / f"templates_{rev.replace('/', '_')}"
-    d.mkdir()
-    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:cpp_templates"],
-                           check=True, capture_output=True, text=True).stdout.split()  # fmt: skip
-    for n in names:
-        if n.endswith(".h"):
-            blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:cpp_templates/{n}"], check=True,
-                                  capture_output=True).stdout  # fmt: skip
-            (d / n).write_bytes(blob)
-    return d
 
 
 def reference(qkv: np.ndarray, mask: np.ndarray | None, case: tuple[int, ...]) -> np.ndarray:

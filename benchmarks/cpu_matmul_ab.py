@@ -68,7 +68,8 @@ def build(name: str, templates: Path, level: str, defines: list[str], work: Path
 
 
 def base_templates(rev: str, work: Path) -> Path:
-    d = work / "base_templates"
+    """The cpp_templates/*.h of git revision ``rev``, written into a new folder under ``work``."""
+    d = work / f"templates_{rev.replace('/', '_')}"
     d.mkdir()
     names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:cpp_templates"],
                            check=True, capture_output=True, text=True).stdout.split()  # fmt: skip
