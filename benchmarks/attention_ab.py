@@ -133,7 +133,7 @@ def bench(libs: dict[str, ctypes.CDLL], name: str, case: tuple[int, ...], thread
     elif mask_by == 2:
         mask = np.arange(n)[None, :] < np.array([n - 23 * j for j in range(b)])[:, None]
     outs = {v: np.zeros((b, n, h * e), np.float32) for v in libs}
-    secs = np.zeros(2 * reps)
+    secs = np.zeros(2 * max(reps, 3))  # the warm-up call below times 3
 
     def call(v: str, count: int) -> tuple[float, float]:
         time.sleep(0.005)  # the other library's pool workers stop spinning (50 us) and sleep
