@@ -10,7 +10,10 @@ aotc's import, ``aotc.load`` (hashes, dlopen) and the first call; wall and CPU s
 ``--aotc-first`` adds a side that imports aotc and calls ``aotc.load`` before it imports numpy (then the
 load's hashing runs beside numpy's import: the order to write for the shortest start).
 ``--baseline PYTHON:PKG`` also times another runtime (e.g. an older checkout's venv python with a package
-it built), interleaved run by run with this one, so both see the same load. ``--stages`` splits this
+it built), interleaved run by run with this one, so both see the same load (in both orders with
+--aotc-first); ``--baseline-env KEY=VAL`` sets variables for it alone (with this repository's development
+shim, AOTC_WORKTREE=DIR picks the runtime: ``git archive BASE | tar -x -C DIR``, then
+``--baseline "$(which python):PKG" --baseline-env AOTC_WORKTREE=DIR``). ``--stages`` splits this
 runtime's load into its steps (map and start hashing, imports, manifest, hashes checked, dlopen).
 ``--env KEY=VAL`` adds a side:
 this runtime with those variables set (e.g. OPENBLAS_NUM_THREADS=1: numpy's OpenBLAS then starts no
@@ -154,6 +157,7 @@ def main() -> None:
     ap.add_argument("pkg", type=Path)
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--baseline", default=None, help="PYTHON:PKG, another runtime and its package, timed interleaved")
+    ap.add_argument("--baseline-env", action="append", default=[], help="KEY=VAL: set for the baseline's runs only")
     ap.add_argument("--env", action="append", default=[], help="KEY=VAL: also time this runtime with these variables set")
     ap.add_argument("--stages", action="store_true", help="time this runtime's aotc.load step by step (the hashing's overlap)")
     ap.add_argument("--aotc-first", action="store_true", help="also time a child that calls aotc.load before it imports numpy")
@@ -175,10 +179,16 @@ def main() -> None:
             sides["this:aotc_first+env"] = (sys.executable, str(args.pkg), env, STAGES_AOTC_FIRST if args.stages else AOTC_FIRST)
     if args.baseline:
         python, pkg = args.baseline.split(":", 1)
-        sides["baseline"] = (python, pkg, {}, CHILD)
+        base_env = dict(kv.split("=", 1) for kv in args.baseline_env)
+        sides["baseline"] = (python, pkg, base_env, CHILD)
+        if args.aotc_first:
+            sides["baseline:aotc_first"] = (python, pkg, base_env, AOTC_FIRST)
         compile_it = "import aotc, compileall, os; compileall.compile_dir(os.path.dirname(aotc.__file__), quiet=1)"
-        subprocess.run([python, "-c", compile_it], check=False)
-    doc: dict = {"runs": args.runs, "cores": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg(), "env": args.env}
+        subprocess.run([python, "-c", compile_it], check=False, env={**os.environ, **base_env})
+    doc: dict = {
+        "runs": args.runs, "cores": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg(),
+        "env": args.env, "baseline": args.baseline, "baseline_env": args.baseline_env,
+    }  # fmt: skip
     for state, ctx in (("idle", contextlib.nullcontext), ("one_core_busy", busy_core)):
         got: dict[str, list] = {k: [] for k in sides}
         with ctx():

@@ -19,20 +19,21 @@ from collections.abc import Iterable
 HASH_CHUNK = 8 << 20  # members larger than this carry one sha256 per HASH_CHUNK-byte piece, in order
 MAX_THREADS = 8
 SMALL = 4 << 20  # bytes one thread hashes in a few ms: below this another thread does not pay for itself
+JOIN_PER_CORE = 2  # threads per core once the asking thread hashes too (see the Note at the end)
 
 Range = tuple[int, int]  # [start, end) in the buffer
 
 
-def hash_threads(ranges: Iterable[Range] = (), limit: int | None = None) -> int:
-    """Threads worth hashing ``ranges`` on: the cores this process may use (at most MAX_THREADS, or ``limit``),
-    one per SMALL bytes of work, one per range, at least one."""
+def hash_threads(ranges: Iterable[Range] = (), limit: int | None = None, per_core: int = 1) -> int:
+    """Threads worth hashing ``ranges`` on: ``per_core`` per core this process may use (at most MAX_THREADS,
+    or ``limit``), one per SMALL bytes of work, one per range, at least one."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     ranges = list(ranges)
     total = sum(e - s for s, e in ranges)
-    return max(1, min(limit or MAX_THREADS, cores, len(ranges), 1 + total // SMALL))
+    return max(1, min(limit or MAX_THREADS, cores * per_core, len(ranges), 1 + total // SMALL))
 
 
 class Hashes:
@@ -58,12 +59,13 @@ class Hashes:
             threading.Thread(target=self._help, name="aotc-sha256", daemon=True).start()
 
     def digests(self, ranges: Iterable[Range], threads: int | None = None) -> dict[Range, str]:
-        """The hex sha256 of each range, on up to ``threads`` threads counting this one (default: hash_threads);
-        this thread hashes queued ranges until none is left, then waits for the helpers' last ones."""
+        """The hex sha256 of each range, on up to ``threads`` threads counting this one (default: hash_threads,
+        JOIN_PER_CORE per core); this thread hashes queued ranges until none is left, then waits for the
+        helpers' last ones."""
         wanted = list(dict.fromkeys(ranges))
         with self._cond:
             missing = [r for r in wanted if r not in self._done]
-        self.start(missing, helpers=hash_threads(missing, threads) - 1)
+        self.start(missing, helpers=hash_threads(missing, threads, 1 if threads else JOIN_PER_CORE) - 1)
         while True:
             self._work()
             with self._cond:
@@ -110,3 +112,11 @@ class Hashes:
                 self._done[r] = got
                 self._running.discard(r)
                 self._cond.notify_all()
+
+
+# Note (why more threads than cores once the caller asks): from then on the caller only waits for digests,
+# so threads beyond the cores cost a switch at an 8 MiB chunk's end, nothing on the way; and where another
+# process keeps a core busy, the scheduler shares the cores by thread, so 4 hashing threads get ~4/5 of 2
+# cores where 2 got 2/3. Before the caller asks (aotc.load importing and parsing), the helpers stay at the
+# cores but one: more there took the importing thread's core (cold start, aotc.load before numpy, idle:
+# 90 -> 102-106 ms). Measured: benchmarks/cold_start.py's children, MLP package (100 MB), 2 shared cores.

@@ -80,6 +80,24 @@ def test_member_ranges_follow_the_chunk_rule() -> None:
     assert 1 <= hash_threads(_ranges(8, HASH_CHUNK)) <= 8
 
 
+def test_a_joining_caller_hashes_on_twice_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the caller asks, JOIN_PER_CORE threads a core (capped by ranges and MAX_THREADS); an explicit
+    thread count is kept as given."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    ranges = _ranges(12, HASH_CHUNK)
+    assert hash_threads(ranges) == 2
+    assert hash_threads(ranges, per_core=2) == 4
+    assert hash_threads(ranges[:3], per_core=2) == 3
+    started: list[int] = []
+    h = Hashes(memoryview(bytes(12 * HASH_CHUNK)))
+    monkeypatch.setattr(h, "start", lambda rs, helpers: started.append(helpers))
+    monkeypatch.setattr(h, "_work", lambda: h._done.update(dict.fromkeys(ranges, "x")))
+    h.digests(ranges)
+    h._done.clear()
+    h.digests(ranges, threads=2)
+    assert started == [3, 1]  # helpers besides the caller: 2 per core by default, as asked when asked
+
+
 def test_a_corrupt_member_is_refused_when_hashed_ahead(make_package, tmp_path: Path) -> None:
     """Digests hashed ahead are of the same mapping the package reads: a flipped weight byte fails the check."""
     path = make_package()
