@@ -78,8 +78,10 @@ static_assert(AOTC_POOL_MAX >= 1 && AOTC_POOL_MAX <= 127, "the job word holds a 
 #define AOTC_POOL_EXPLORE_MAX 256  // ... and at most, after tries that kept confirming the way chosen
 #endif
 #ifndef AOTC_POOL_EXPLORE_NS
-// ... or fewer: a try comes at least this often (after AOTC_POOL_EXPLORE_MIN calls), so that a choice made
-// in a passing slowdown costs tens of ms, not hundreds of calls
+// ... or fewer while one thread is chosen: a try of the workers comes at least this often (after
+// AOTC_POOL_EXPLORE_MIN calls), so that a choice made in a passing slowdown costs tens of ms, not hundreds of
+// calls. (Not the other way: a try of one thread every few calls of a slow model with workers, BERT's 10 ms
+// against 18.5 alone, would cost ~10% of its time; a passing slowdown takes it off the workers anyway.)
 #define AOTC_POOL_EXPLORE_NS 30000000
 #endif
 #ifndef AOTC_POOL_RECENT
@@ -527,7 +529,7 @@ static inline void aotc_pool_begin_call(uint64_t key = 0) {
     p.solo_until_ns = 0;
     ++p.since_explore;
     if (p.since_explore >= p.explore_every ||
-        (p.since_explore >= AOTC_POOL_EXPLORE_MIN && now - p.explored_ns >= AOTC_POOL_EXPLORE_NS)) {
+        (p.prefer_solo && p.since_explore >= AOTC_POOL_EXPLORE_MIN && now - p.explored_ns >= AOTC_POOL_EXPLORE_NS)) {
       p.exploring = true;
       p.since_explore = 0;
       p.explored_ns = now;
@@ -774,6 +776,11 @@ int main() {
   }
   if (most_solo > solo_calls_max)
     printf("%d calls of 22 on one thread after a slowdown, expected at most %d\n", most_solo, solo_calls_max), ++fails;
+  // With the workers chosen, tries of one thread stay spaced in calls, also for a slow model (10 ms with
+  // workers, 18.5 alone): 300 calls, 3 s, try it 5 or 6 times (at 8, 16, 32, ... calls), not every 8 calls.
+  const int64_t explores = p.stats.explores;
+  for (int i = 0; i < 300; ++i) simulated(10000000, 18500000, 11);
+  if (p.stats.explores - explores > 7) printf("%ld tries of one thread in 300 calls\n", (long)(p.stats.explores - explores)), ++fails;
   // A longer slowdown (0.3 s), then none: the tries in it spaced out (to 64 calls, 0.27 s alone).
   for (int i = 0; i < 70; ++i) simulated(6000000, 4400000, 10);
   int stuck = 0;
