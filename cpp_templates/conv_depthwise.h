@@ -65,20 +65,21 @@ static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, 
 // loads per 3 OB multiply-adds, where the general loop loads every tap (one load per multiply-add) and
 // its border pixels took a checked loop one pixel at a time. Blocks with a tap outside the row read zeros
 // there; the last block overlaps the one before when the row has OB pixels (equal values stored twice).
-// The products are summed in the general loop's order (kh, then kw).
+// The products are summed in the general loop's order (kh, then kw). Channels [c0, c0 + cb) with cb a
+// multiple of the vector width: aotc_conv_dw_row runs the rest through its one-pixel loop.
 template <class T, int OB>
 static void aotc_conv_dw3s2_row(const aotc_conv_shape& s, const T* const* rows, int64_t sxw, const T* w, int64_t c0,
                                 int64_t cb, T* tile, int64_t ldt, const aotc_conv_clamp<T>* fin) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  const int64_t C = s.C, cv = cb / L * L, W = s.W;
+  const int64_t C = s.C, W = s.W;
   const T* w0 = w + c0;
   // nb (<= OB) outputs from ow; EDGE: some of their taps lie outside the row
   auto block = [&](auto edge, int64_t ow, int64_t nb) {
     constexpr bool EDGE = decltype(edge)::value;
     const int64_t iw0 = ow * 2 - s.pw;
     T* out = tile + ow * ldt;
-    for (int64_t c = 0; c < cv; c += L) {
+    for (int64_t c = 0; c < cb; c += L) {
       V acc[OB];
 #pragma GCC unroll 16
       for (int j = 0; j < OB; ++j) acc[j] = V{};
@@ -107,18 +108,6 @@ static void aotc_conv_dw3s2_row(const aotc_conv_shape& s, const T* const* rows, 
         memcpy(out + j * ldt + c, &v, sizeof(V));
       }
     }
-    for (int64_t j = 0; j < nb; ++j)  // the channels past the last full vector
-      for (int64_t c = cv; c < cb; ++c) {
-        T acc = T(0);
-        for (int64_t kh = 0; kh < 3; ++kh) {
-          if (rows[kh] == NULL) continue;
-          for (int64_t kw = 0; kw < 3; ++kw) {
-            const int64_t iw = iw0 + 2 * j + kw;
-            if (iw >= 0 && iw < W) acc = std::fma(rows[kh][iw * sxw + c0 + c], w0[(kh * 3 + kw) * C + c], acc);
-          }
-        }
-        out[j * ldt + c] = fin != NULL ? aotc_conv_fin<T>(acc, *fin, fin->bias, c0 + c) : acc;
-      }
   };
   for (int64_t ow = 0; ow < s.OW; ow += OB) {
     int64_t o = ow, nb = aotc_mm_min(OB, s.OW - ow);
@@ -144,12 +133,6 @@ static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* const* rows, int
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T)), OB = AOTC_CONV_DW_OB;
   const int64_t KW = KWC ? KWC : s.KW, KH = s.KH, C = s.C, cv = cb / L * L;
-  if constexpr (KWC == 3) {
-    if (s.KH == 3 && s.sw == 2 && s.dw == 1) {
-      aotc_conv_dw3s2_row<T, AOTC_CONV_DW_OB2>(s, rows, sxw, w, c0, cb, tile, ldt, fin);
-      return;
-    }
-  }
   const T* w0 = w + c0;
   // interior: iw = ow * sw - pw + kw * dw in [0, W) for kw = 0 and kw = KW - 1
   int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end((KW - 1) * s.dw - s.pw, s.sw, s.W, s.OW);
@@ -183,6 +166,14 @@ static void aotc_conv_dw_row(const aotc_conv_shape& s, const T* const* rows, int
       out[c] = fin != NULL ? aotc_conv_fin<T>(acc, *fin, fin->bias, c0 + c) : acc;
     }
   };
+  if constexpr (KWC == 3) {
+    if (s.KH == 3 && s.sw == 2 && s.dw == 1) {
+      aotc_conv_dw3s2_row<T, AOTC_CONV_DW_OB2>(s, rows, sxw, w, c0, cv, tile, ldt, fin);
+      if (cv < cb)
+        for (int64_t ow = 0; ow < s.OW; ++ow) checked(ow, cv);
+      return;
+    }
+  }
   const int64_t step = s.sw * sxw, tap = s.dw * sxw;
   const bool slide = KWC != 0 && s.sw == 1 && s.dw == 1;  // neighbouring outputs share KW - 1 input pixels
   constexpr int KS = KWC ? KWC : 1;
