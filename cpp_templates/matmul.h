@@ -599,8 +599,9 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
     }
     // Task t is (batch, column block, row block), row blocks innermost, when a column block of B fits in
     // L2: the tasks that read one block of B run next to each other (mostly on one thread, which walks its
-    // share of the tasks in order), so B streams from memory about once, not once per row block (GPT-2 at 4 x 128 tokens has three blocks of
-    // 176 rows). A larger block (2048^3: 4 MiB) would not be there for the next task: row blocks outermost.
+    // share of the tasks in order), so B streams from memory about once, not once per row block (GPT-2 at
+    // 4 x 128 tokens has three blocks of 176 rows). A larger block (2048^3: 4 MiB) would not be there for
+    // the next task: row blocks outermost.
     const bool m_inner = (double)NB * (double)K * sizeof(T) <= AOTC_MM_A_L2;
     auto coords = [&](int64_t t, int64_t* bi, int64_t* mi, int64_t* ni) {
       *bi = t / (mblocks * nblocks);
