@@ -625,6 +625,7 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
+  constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
   static_assert(AOTC_CONV_MB % MR == 0, "AOTC_CONV_MB must be a multiple of MR");
   if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
   if (xs.s1 != 1 || !std::is_same<SX, T>::value) {
@@ -732,23 +733,25 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
     }
     for (int64_t js = 0; js < nbp; js += NR) {
       const T* bp = wp + ((o0 + js) / NR) * taps * s.C * NR;
+      if (rows) {
+        // 1x1: pixel p's pointer is ind[p], so strips may start anywhere: aotc_conv_row_strips' strips of MR,
+        // a short last one as MR / 2 or MR / 4 or overlapping the one before, not rows of zeros (a 7x7
+        // image's 49 pixels took 60 rows); fewer than MR pixels take the smallest strip that holds them.
+        auto strip = [&](auto m, int64_t p) {
+          aotc_conv_micro<T, decltype(m)::value, NV>(1, s.C, ind + p, bp, tile + p * nbp + js, nbp);
+        };
+        if (pb >= MR)
+          aotc_conv_row_strips<MR, MR2, MR4>(0, pb, strip);
+        else if (pb <= MR4)
+          strip(std::integral_constant<int, MR4>(), 0);
+        else if (pb <= MR2)
+          strip(std::integral_constant<int, MR2>(), 0);
+        else
+          strip(std::integral_constant<int, MR>(), 0);
+        continue;
+      }
       for (int64_t si = 0; si < strips; ++si) {
         T* c = tile + si * MR * nbp + js;
-        const int64_t left = pb - si * MR;  // pixels in this strip
-        // A 1x1 block's short last strip runs a quarter or half of the rows instead of rows of zeros (a 7x7
-        // image's 49 pixels took 60 rows); its pointers are the strip's first, one tap.
-        if constexpr (MR % 4 == 0) {
-          if (rows && left <= MR / 4) {
-            aotc_conv_micro<T, MR / 4, NV>(1, s.C, ind + si * MR, bp, c, nbp);
-            continue;
-          }
-        }
-        if constexpr (MR % 2 == 0) {
-          if (rows && left <= MR / 2) {
-            aotc_conv_micro<T, MR / 2, NV>(1, s.C, ind + si * MR, bp, c, nbp);
-            continue;
-          }
-        }
         if (wide[si])
           aotc_conv_micro<T, MR, NV>(s.KH, s.KW * s.C, ind + si * taps * MR, bp, c, nbp);
         else
