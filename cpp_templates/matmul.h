@@ -552,11 +552,12 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   // Note (big A): a task walks K in slices, each slice of its A block against each of its panels, so every
   // task reads all of its A block once. Past AOTC_MM_A_L2 (GPT-2's fc-proj, 128 x 768 x 3072: 1.6 MiB) the
   // streaming B pushes A out of L2, and tasks of one panel (where the narrowing above ends on 2 threads)
-  // fetched all of A from L3 or the other core once per 32 columns. With one row block, tasks keep
-  // AOTC_MM_PANELS_BIG_A panels while every thread still gets one: 2 threads, CPU time, 31 interleaved
-  // rounds (cpu_matmul_ab.py --cpu-time [--cold]), against 1 panel: 128 x 768 x 3072 +7/+6% (hot/cold),
-  // 64 x 1024 x 4096 +3/+6%; 2 panels +2-8%, 8 panels within 3% of 4.
-  if (!row_tasks && batch * mblocks == 1 && (double)MB * (double)K * sizeof(T) > AOTC_MM_A_L2) {
+  // fetched all of A from L3 or the other core once per 32 columns. Tasks keep AOTC_MM_PANELS_BIG_A
+  // panels while every thread still gets one: 2 threads, CPU time, 31 interleaved rounds (cpu_matmul_ab.py
+  // --cpu-time [--cold]), against 1 panel: 128 x 768 x 3072 +7/+6% (hot/cold), 64 x 1024 x 4096 +3/+6%;
+  // 2 panels +2-8%, 8 panels within 3% of 4. Several row blocks too (GPT-2's fc-proj at 4 x 128 tokens,
+  // three blocks of 180 x 3072, had tasks of 2 panels): 512 x 768 x 3072 +8% cold (15 rounds), 2048^3 +0-1%.
+  if (!row_tasks && (double)MB * (double)K * sizeof(T) > AOTC_MM_A_L2) {
     const int64_t threads = by_work > 1 ? by_work : 1;
     const int64_t floor = aotc_mm_min(AOTC_MM_PANELS_BIG_A * NR, aotc_roundup((N + threads - 1) / threads, NR));
     NB = aotc_mm_min(NB < floor ? floor : NB, aotc_roundup(N, NR));
@@ -753,6 +754,7 @@ int main() {
     fails += aotc_mm_check(1, m, 2 * AOTC_MM_NR_F32 + 3, m % 3 == 0 ? 1 : 9);  // K = 1 too
   fails += aotc_mm_check(1, 64, 1, 500);       // one column, rows 4 x 12 + 8 + 8 on AVX-512
   fails += aotc_mm_check(1, 37, 200, 7300);    // one row block of A past AOTC_MM_A_L2, N ragged: wide tasks
+  fails += aotc_mm_check(1, 401, 200, 2000);   // three row blocks, each past AOTC_MM_A_L2: wide tasks too
 #pragma omp parallel num_threads(2) reduction(+ : fails)
   fails += aotc_mm_check(2, 19, 40, 50);  // nested in a caller's parallel region: private workspaces
   return fails != 0;
