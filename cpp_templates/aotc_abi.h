@@ -31,7 +31,7 @@ void aotc_set_num_threads(int32_t n);
 
 // Optional (older libraries lack it; the runtime then reports none): the thread pool's counters since the
 // library loaded, for benchmarks and tests. Writes up to n of them into out and returns how many there are
-// (their order: struct aotc_pool_stats in aotc_pool.h, names in runtime/cpu.py's POOL_STATS).
+// (their order: struct aotc_pool_stats in aotc_pool_loop.h, names in runtime/cpu.py's POOL_STATS).
 int32_t aotc_pool_stats_get(int64_t* out, int32_t n);
 
 #ifdef __cplusplus

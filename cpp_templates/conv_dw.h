@@ -82,7 +82,7 @@ static inline void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const a
     for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
 }
 
-// conv.h's micro-kernels for a 1x1 conv (one tap of C channels) with ``fin`` applied to the accumulators
+// conv_kernels.h's micro-kernels for a 1x1 conv (one tap of C channels) with ``fin`` applied to the accumulators
 // before they are stored (aotc_block_store): MR pixels, the NV vectors of the NVP-vector panel b this pass
 // computes. STEP > 0: the row kernel, pixel i at a + i * STEP; STEP == 0: pixel i at ind[i]. The expand
 // convs of 16 or 24 input channels (MobileNetV2's 112x112 and 56x56 blocks) spent a sixth of their block
@@ -106,7 +106,7 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
     const T* ak = NULL;
     if constexpr (STEP > 0) {
       ak = a + k;
-      __asm__("" : "+r"(ak));  // one load per broadcast (conv.h's aotc_conv_row_micro_part says why)
+      __asm__("" : "+r"(ak));  // one load per broadcast (conv_kernels.h's aotc_conv_row_micro_part says why)
     }
     V bv[NV];
 #pragma GCC unroll 4
@@ -139,7 +139,7 @@ static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* i
 // wp + k0 * NR). ``fin`` (NULL: none) is applied on the accumulators (``bias``: image n's, roundup(O, NR)
 // long, or NULL).
 // At least MR pixels (the usual case; or MR / 2 to 3 MR / 4) go in strips of MR, a last short one as
-// MR / 2 or MR / 4 or overlapping the strip before (conv.h's aotc_conv_row_strips; the overlap's rows are
+// MR / 2 or MR / 4 or overlapping the strip before (conv_kernels.h's aotc_conv_row_strips; the overlap's rows are
 // computed and stored again, equal): exactly np rows are written. A 7x7 image's 49 pixels padded to 60 rows
 // of strips of 12 (AVX-512) took a fifth more multiply-adds than the pixels need, and MobileNetV2's small
 // blocks are mostly their 1x1 convs. Fewer pixels take whole strips with padding: then without ``fin`` c

@@ -49,7 +49,7 @@ int32_t aotc_pool_stats_get(int64_t* out, int32_t n);
 from ._cffi_cpu import ffi as _ffi  # noqa: E402
 
 _ERRLEN = 4096
-# aotc_pool_stats_get's counters, in its order (struct aotc_pool_stats in cpp_templates/aotc_pool.h)
+# aotc_pool_stats_get's counters, in its order (struct aotc_pool_stats in cpp_templates/aotc_pool_loop.h)
 POOL_STATS = (
     "calls", "loops", "stalls", "drops", "solo_calls", "probes", "wakes",
     "wait_ns", "loss_ns", "gain_ns", "worker_chunks", "chunks", "serial", "explores",
@@ -301,7 +301,7 @@ class CpuExecutor:
 
     def pool_stats(self) -> dict[str, int] | None:
         """The library's thread-pool counters since it loaded (calls, loops, stalls, solo calls, ...: see
-        ``aotc_pool_stats`` in cpp_templates/aotc_pool.h); None for a library built before they existed."""
+        ``aotc_pool_stats`` in cpp_templates/aotc_pool_loop.h); None for a library built before they existed."""
         with self._lock:
             if not self._close.alive:
                 raise UsageError("this model was closed; load the package again")

@@ -131,7 +131,7 @@ class KernelWriter(ReduceEmitter, ConvEmitter):
         return f"#pragma omp {text}{' reduction(|:aotc_bad)' if self.k.has_gather else ''}"
 
     def _parallel_for(self, stack: ExitStack, sizes: list[str], names: list[str], work: str) -> None:
-        """Loops ``names`` over ``sizes`` as one flat loop on the thread pool (aotc_pool.h): the pool takes
+        """Loops ``names`` over ``sizes`` as one flat loop on the thread pool (aotc_pool_loop.h): the pool takes
         the flat index range in chunks, each chunk recovers its loop variables from the flat index. Threads
         by work (aotc_threads_for: one per AOTC_PAR_MIN_WORK elements). In a kernel that gathers, each chunk
         keeps its own ``aotc_bad`` and ORs it into the kernel's at its end."""

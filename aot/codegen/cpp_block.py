@@ -92,7 +92,7 @@ def _row_store(k: K.Conv, weights: set[str]) -> K.Store | None:
 
 @dataclass(frozen=True)
 class Clamp:
-    """An epilogue min(max(acc + bias[per_n * i0 + i1 + offset], lo), hi): conv.h's ``aotc_conv_clamp``."""
+    """An epilogue min(max(acc + bias[per_n * i0 + i1 + offset], lo), hi): conv_depthwise.h's ``aotc_conv_clamp``."""
 
     bias: str | None  # a weight buffer, or None
     offset: int
