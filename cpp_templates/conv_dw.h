@@ -65,9 +65,10 @@ static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
 }
 
 // An MR x NV block of accumulators into c (pitch ldc), ``fin`` (NULL: none; ``bias`` the block's or NULL)
-// applied on the way.
+// applied on the way. Always inlined: called apart, the accumulators went through memory (the 112x112
+// block 1.7x slower once aotc_block_1x1 grew past GCC's inlining budget).
 template <class T, int MR, int NV, class V>
-static inline void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
+static inline __attribute__((always_inline)) void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   if (fin != NULL) {
     const V lo = aotc_vset1(fin->lo), hi = aotc_vset1(fin->hi);
@@ -92,11 +93,18 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
                                        const aotc_conv_clamp<T>* fin, const T* bias) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NVP * L;
-  V acc[MR][NV];
+  // with ``fin`` the accumulators start at the bias: an add per accumulator fewer on the FMA ports (the
+  // expand convs of 16 to 32 input channels take 16 to 32 multiply-adds per accumulator)
+  V acc[MR][NV], b0[NV];
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    b0[j] = V{};
+    if (fin != NULL && bias != NULL) memcpy(&b0[j], bias + j * L, sizeof(V));
+  }
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+    for (int j = 0; j < NV; ++j) acc[i][j] = b0[j];
   const T* p[STEP > 0 ? 1 : MR];
   if constexpr (STEP == 0)
 #pragma GCC unroll 32
@@ -122,15 +130,24 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
       for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
     }
   }
-  aotc_block_store<T, MR, NV>(acc, c, ldc, fin, bias);
+  aotc_block_store<T, MR, NV>(acc, c, ldc, fin, (const T*)NULL);
 }
 
-template <class T, int MR, int NV, int STEP>
+// The first NU of the panel's NV vectors (NU < NV: a last panel of fewer channels, the rest not computed)
+template <class T, int MR, int NV, int STEP, int NU = NV>
 static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c,
                                         int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
-  constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NV>::value;
-  for (int j0 = 0; j0 < NV; j0 += NH)
+  constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NU>::value;
+  for (int j0 = 0; j0 < NU; j0 += NH)
     aotc_block_1x1_part<T, MR, NH, NV, STEP>(C, a, ind, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL);
+}
+
+// f(std::integral_constant<int, nu>()) for nu in [1, NU]
+template <int NU, class F>
+static inline void aotc_block_vectors(int nu, F f) {
+  if constexpr (NU > 1)
+    if (nu < NU) return aotc_block_vectors<NU - 1>(nu, f);
+  f(std::integral_constant<int, NU>());
 }
 
 // The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
@@ -156,7 +173,7 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
                                   int64_t kp, int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
                                   const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
-  constexpr int NR = NV * (int)(sizeof(V) / sizeof(T)), MR = aotc_conv_mr<NV>::value;
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NV * L, MR = aotc_conv_mr<NV>::value;
   constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
   // aotc_conv_row_strips's strips start inside [0, np) there (np in (3 MR / 4, MR) would take a full strip)
   const bool exact = np >= MR || (np >= MR2 && np <= 3 * MR / 4);
@@ -167,32 +184,37 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
   }
   constexpr bool rowk = STEP > 0 && MR > 8;
   const bool even = rowk && sxw == STEP && (sxh == W * sxw || q % W + np <= W);  // one row, or dense rows
-  // M pixels from ind[i] into dst; ``real``: all M of them are pixels, none padding
-  auto strip = [&](auto m, int64_t i, int64_t js, T* dst, bool real = true) {
-    constexpr int M = decltype(m)::value;
+  // M pixels from ind[i] into dst, the panel's first NU vectors; ``real``: all M of them are pixels, none padding
+  auto strip = [&](auto m, auto nu, int64_t i, int64_t js, T* dst, bool real = true) {
+    constexpr int M = decltype(m)::value, NU = decltype(nu)::value;
     const T* b = bias != NULL ? bias + js : NULL;
     if constexpr (rowk) {
       if (even && real) {  // pixel i + j at ind[i] + j * STEP
-        aotc_block_1x1_micro<T, M, NV, STEP>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b);
+        aotc_block_1x1_micro<T, M, NV, STEP, NU>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b);
         return;
       }
     }
-    aotc_block_1x1_micro<T, M, NV, 0>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b);
+    aotc_block_1x1_micro<T, M, NV, 0, NU>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b);
   };
   for (int64_t js = 0; js < O; js += NR) {
-    if (exact) {
-      aotc_conv_row_strips<MR, MR2, MR4>(0, np, [&](auto m, int64_t i) { strip(m, i, js, c + i * ldc + js); });
-      continue;
-    }
-    for (int64_t si = 0; si < strips; ++si) {
-      const bool real = si * MR + MR <= np;
-      if (fin == NULL || real) {
-        strip(std::integral_constant<int, MR>(), si * MR, js, c + si * MR * ldc + js, real);
-        continue;
+    // a last panel's vectors past O are not computed (their columns of c are not written): 144 channels in
+    // panels of 32 (AVX-512), 24 in panels of 16 (AVX2)
+    const int nu = (int)aotc_mm_min((int64_t)NV, (O - js + L - 1) / L);
+    aotc_block_vectors<NV>(nu, [&](auto vu) {
+      if (exact) {
+        aotc_conv_row_strips<MR, MR2, MR4>(0, np, [&](auto m, int64_t i) { strip(m, vu, i, js, c + i * ldc + js); });
+        return;
       }
-      strip(std::integral_constant<int, MR>(), si * MR, js, tail + js, false);
-      for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
-    }
+      for (int64_t si = 0; si < strips; ++si) {
+        const bool real = si * MR + MR <= np;
+        if (fin == NULL || real) {
+          strip(std::integral_constant<int, MR>(), vu, si * MR, js, c + si * MR * ldc + js, real);
+          continue;
+        }
+        strip(std::integral_constant<int, MR>(), vu, si * MR, js, tail + js, false);
+        for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
+      }
+    });
   }
 }
 
