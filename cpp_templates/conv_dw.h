@@ -456,8 +456,46 @@ static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
   return fails;
 }
 
+// The block's output on one thread and on two, bitwise: a split by strips of rows computes each pixel as
+// one thread does (the same strips of the 1x1 convs need not: each pixel's sums run in the same order
+// whatever its strip). Fractional data (a change of order shows), register epilogues.
+template <int NVE, int NVP, int CE = 0, int CH = 0>
+static int aotc_block_threads(int64_t C, int64_t H, int64_t hid, int64_t O, int64_t stride) {
+  constexpr int L = AOTC_VBYTES / 4, NRE = NVE * L, NRP = NVP * L;
+  const int64_t OH = (H - 1) / stride + 1;
+  const aotc_conv_shape se{1, C, H, H, hid, 1, 1, H, H, 1, 1, 0, 0, 1, 1, 1};
+  const aotc_conv_shape sd{1, hid, H, H, hid, 3, 3, OH, OH, stride, stride, 1, 1, 1, 1, hid};
+  const aotc_conv_shape sp{1, hid, OH, OH, O, 1, 1, OH, OH, 1, 1, 0, 0, 1, 1, 1};
+  std::vector<float> x(H * H * C), we((hid + NRE - 1) / NRE * NRE * C), wd(9 * hid), wp((O + NRP - 1) / NRP * NRP * hid);
+  std::vector<float> be(hid), bd(hid);
+  uint32_t r = 12345;
+  for (auto* v : {&x, &we, &wd, &wp, &be, &bd})
+    for (float& f : *v) f = (float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+  const aotc_conv_strides xs{0, H * H * C, 1, H * C, C};
+  const aotc_conv_clamp<float> fe{be.data(), 0, 0.0f, 6.0f}, fd{bd.data(), 0, 0.0f, 6.0f};
+  std::vector<float> y[2];
+  for (int t = 0; t < 2; ++t) {
+    aotc_pool_set_threads(t + 1);
+    y[t].assign(OH * OH * O, 0.0f);
+    float* yp = y[t].data();
+    aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fd,
+      [&](int64_t, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* tile, int64_t ldt) {
+        for (int64_t p = p0; p < p0 + pb; ++p)
+          for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) yp[p * O + oc] = tile[(p - p0) * ldt + oc - oc0];
+      });
+  }
+  const int fails = memcmp(y[0].data(), y[1].data(), y[0].size() * sizeof(float)) != 0;
+  if (fails) printf("block C=%ld %ldx%ld hid=%ld O=%ld stride %ld: 1 and 2 threads differ\n", (long)C, (long)H, (long)H, (long)hid, (long)O, (long)stride);
+  return fails;
+}
+
 int main() {
   int fails = 0;
+  // MobileNetV2's first blocks, split by strips of rows
+  fails += aotc_block_threads<2, 1, 32, 32>(32, 112, 32, 16, 1);
+  fails += aotc_block_threads<2, 2, 16, 96>(16, 112, 96, 24, 2);
+  fails += aotc_block_threads<2, 2, 24, 144>(24, 56, 144, 24, 1);
+  fails += aotc_block_threads<2, 2>(24, 56, 144, 32, 2);
   {  // the fast clamp lets a NaN through, as aotc_conv_vfin does, and clamps the rest
     typedef aotc_mm_vec<float>::type V;
     const V lo = aotc_vset1(0.0f), hi = aotc_vset1(6.0f);
