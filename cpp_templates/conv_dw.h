@@ -38,7 +38,10 @@
 #include "conv.h"
 
 #ifndef AOTC_BLOCK_PIXELS
-#define AOTC_BLOCK_PIXELS 96  // pixels per 1x1 call at most, and output pixels per step at least (a multiple of every MR)
+// Pixels per 1x1 call at most, and output pixels per step at least (a multiple of every MR). 144 rather
+// than 96: fewer calls and steps, each longer (MobileNetV2's blocks 0-4% faster at AVX-512 and AVX2; 192
+// was no better).
+#define AOTC_BLOCK_PIXELS 144
 #endif
 
 // min(max(v + b, lo), hi), a NaN passing as in aotc_conv_vfin (conv_depthwise.h), in three instructions where the
@@ -65,9 +68,10 @@ static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
 }
 
 // An MR x NV block of accumulators into c (pitch ldc), ``fin`` (NULL: none; ``bias`` the block's or NULL)
-// applied on the way.
+// applied on the way. Always inlined: called apart, the accumulators went through memory (the 112x112
+// block 1.7x slower once aotc_block_1x1 grew past GCC's inlining budget).
 template <class T, int MR, int NV, class V>
-static inline void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
+static inline __attribute__((always_inline)) void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   if (fin != NULL) {
     const V lo = aotc_vset1(fin->lo), hi = aotc_vset1(fin->hi);
@@ -92,11 +96,18 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
                                        const aotc_conv_clamp<T>* fin, const T* bias) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NVP * L;
-  V acc[MR][NV];
+  // with ``fin`` the accumulators start at the bias: an add per accumulator fewer on the FMA ports (the
+  // expand convs of 16 to 32 input channels take 16 to 32 multiply-adds per accumulator)
+  V acc[MR][NV], b0[NV];
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    b0[j] = V{};
+    if (fin != NULL && bias != NULL) memcpy(&b0[j], bias + j * L, sizeof(V));
+  }
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+    for (int j = 0; j < NV; ++j) acc[i][j] = b0[j];
   const T* p[STEP > 0 ? 1 : MR];
   if constexpr (STEP == 0)
 #pragma GCC unroll 32
@@ -122,15 +133,24 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
       for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
     }
   }
-  aotc_block_store<T, MR, NV>(acc, c, ldc, fin, bias);
+  aotc_block_store<T, MR, NV>(acc, c, ldc, fin, (const T*)NULL);
 }
 
-template <class T, int MR, int NV, int STEP>
+// The first NU of the panel's NV vectors (NU < NV: a last panel of fewer channels, the rest not computed)
+template <class T, int MR, int NV, int STEP, int NU = NV>
 static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c,
                                         int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
-  constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NV>::value;
-  for (int j0 = 0; j0 < NV; j0 += NH)
+  constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NU>::value;
+  for (int j0 = 0; j0 < NU; j0 += NH)
     aotc_block_1x1_part<T, MR, NH, NV, STEP>(C, a, ind, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL);
+}
+
+// f(std::integral_constant<int, nu>()) for nu in [1, NU]
+template <int NU, class F>
+static inline void aotc_block_vectors(int nu, F f) {
+  if constexpr (NU > 1)
+    if (nu < NU) return aotc_block_vectors<NU - 1>(nu, f);
+  f(std::integral_constant<int, NU>());
 }
 
 // The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
@@ -156,7 +176,7 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
                                   int64_t kp, int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
                                   const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
-  constexpr int NR = NV * (int)(sizeof(V) / sizeof(T)), MR = aotc_conv_mr<NV>::value;
+  constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NV * L, MR = aotc_conv_mr<NV>::value;
   constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
   // aotc_conv_row_strips's strips start inside [0, np) there (np in (3 MR / 4, MR) would take a full strip)
   const bool exact = np >= MR || (np >= MR2 && np <= 3 * MR / 4);
@@ -167,32 +187,37 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
   }
   constexpr bool rowk = STEP > 0 && MR > 8;
   const bool even = rowk && sxw == STEP && (sxh == W * sxw || q % W + np <= W);  // one row, or dense rows
-  // M pixels from ind[i] into dst; ``real``: all M of them are pixels, none padding
-  auto strip = [&](auto m, int64_t i, int64_t js, T* dst, bool real = true) {
-    constexpr int M = decltype(m)::value;
+  // M pixels from ind[i] into dst, the panel's first NU vectors; ``real``: all M of them are pixels, none padding
+  auto strip = [&](auto m, auto nu, int64_t i, int64_t js, T* dst, bool real = true) {
+    constexpr int M = decltype(m)::value, NU = decltype(nu)::value;
     const T* b = bias != NULL ? bias + js : NULL;
     if constexpr (rowk) {
       if (even && real) {  // pixel i + j at ind[i] + j * STEP
-        aotc_block_1x1_micro<T, M, NV, STEP>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b);
+        aotc_block_1x1_micro<T, M, NV, STEP, NU>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b);
         return;
       }
     }
-    aotc_block_1x1_micro<T, M, NV, 0>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b);
+    aotc_block_1x1_micro<T, M, NV, 0, NU>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b);
   };
   for (int64_t js = 0; js < O; js += NR) {
-    if (exact) {
-      aotc_conv_row_strips<MR, MR2, MR4>(0, np, [&](auto m, int64_t i) { strip(m, i, js, c + i * ldc + js); });
-      continue;
-    }
-    for (int64_t si = 0; si < strips; ++si) {
-      const bool real = si * MR + MR <= np;
-      if (fin == NULL || real) {
-        strip(std::integral_constant<int, MR>(), si * MR, js, c + si * MR * ldc + js, real);
-        continue;
+    // a last panel's vectors past O are not computed (their columns of c are not written): 144 channels in
+    // panels of 32 (AVX-512), 24 in panels of 16 (AVX2)
+    const int nu = (int)aotc_mm_min((int64_t)NV, (O - js + L - 1) / L);
+    aotc_block_vectors<NV>(nu, [&](auto vu) {
+      if (exact) {
+        aotc_conv_row_strips<MR, MR2, MR4>(0, np, [&](auto m, int64_t i) { strip(m, vu, i, js, c + i * ldc + js); });
+        return;
       }
-      strip(std::integral_constant<int, MR>(), si * MR, js, tail + js, false);
-      for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
-    }
+      for (int64_t si = 0; si < strips; ++si) {
+        const bool real = si * MR + MR <= np;
+        if (fin == NULL || real) {
+          strip(std::integral_constant<int, MR>(), vu, si * MR, js, c + si * MR * ldc + js, real);
+          continue;
+        }
+        strip(std::integral_constant<int, MR>(), vu, si * MR, js, tail + js, false);
+        for (int64_t i = 0; i < np - si * MR; ++i) memcpy(c + (si * MR + i) * ldc + js, tail + i * ldc + js, NR * sizeof(T));
+      }
+    });
   }
 }
 
@@ -431,8 +456,46 @@ static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
   return fails;
 }
 
+// The block's output on one thread and on two, bitwise: a split by strips of rows computes each pixel as
+// one thread does (the same strips of the 1x1 convs need not: each pixel's sums run in the same order
+// whatever its strip). Fractional data (a change of order shows), register epilogues.
+template <int NVE, int NVP, int CE = 0, int CH = 0>
+static int aotc_block_threads(int64_t C, int64_t H, int64_t hid, int64_t O, int64_t stride) {
+  constexpr int L = AOTC_VBYTES / 4, NRE = NVE * L, NRP = NVP * L;
+  const int64_t OH = (H - 1) / stride + 1;
+  const aotc_conv_shape se{1, C, H, H, hid, 1, 1, H, H, 1, 1, 0, 0, 1, 1, 1};
+  const aotc_conv_shape sd{1, hid, H, H, hid, 3, 3, OH, OH, stride, stride, 1, 1, 1, 1, hid};
+  const aotc_conv_shape sp{1, hid, OH, OH, O, 1, 1, OH, OH, 1, 1, 0, 0, 1, 1, 1};
+  std::vector<float> x(H * H * C), we((hid + NRE - 1) / NRE * NRE * C), wd(9 * hid), wp((O + NRP - 1) / NRP * NRP * hid);
+  std::vector<float> be(hid), bd(hid);
+  uint32_t r = 12345;
+  for (auto* v : {&x, &we, &wd, &wp, &be, &bd})
+    for (float& f : *v) f = (float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+  const aotc_conv_strides xs{0, H * H * C, 1, H * C, C};
+  const aotc_conv_clamp<float> fe{be.data(), 0, 0.0f, 6.0f}, fd{bd.data(), 0, 0.0f, 6.0f};
+  std::vector<float> y[2];
+  for (int t = 0; t < 2; ++t) {
+    aotc_pool_set_threads(t + 1);
+    y[t].assign(OH * OH * O, 0.0f);
+    float* yp = y[t].data();
+    aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fd,
+      [&](int64_t, int64_t p0, int64_t pb, int64_t oc0, int64_t ocb, const float* tile, int64_t ldt) {
+        for (int64_t p = p0; p < p0 + pb; ++p)
+          for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) yp[p * O + oc] = tile[(p - p0) * ldt + oc - oc0];
+      });
+  }
+  const int fails = memcmp(y[0].data(), y[1].data(), y[0].size() * sizeof(float)) != 0;
+  if (fails) printf("block C=%ld %ldx%ld hid=%ld O=%ld stride %ld: 1 and 2 threads differ\n", (long)C, (long)H, (long)H, (long)hid, (long)O, (long)stride);
+  return fails;
+}
+
 int main() {
   int fails = 0;
+  // MobileNetV2's first blocks, split by strips of rows
+  fails += aotc_block_threads<2, 1, 32, 32>(32, 112, 32, 16, 1);
+  fails += aotc_block_threads<2, 2, 16, 96>(16, 112, 96, 24, 2);
+  fails += aotc_block_threads<2, 2, 24, 144>(24, 56, 144, 24, 1);
+  fails += aotc_block_threads<2, 2>(24, 56, 144, 32, 2);
   {  // the fast clamp lets a NaN through, as aotc_conv_vfin does, and clamps the rest
     typedef aotc_mm_vec<float>::type V;
     const V lo = aotc_vset1(0.0f), hi = aotc_vset1(6.0f);
