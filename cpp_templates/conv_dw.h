@@ -67,18 +67,19 @@ static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
   return ((v != v) | (v < hi)) ? v : hi;
 }
 
-// An MR x NV block of accumulators into c (pitch ldc), ``fin`` (NULL: none; ``bias`` the block's or NULL)
-// applied on the way. Always inlined: called apart, the accumulators went through memory (the 112x112
-// block 1.7x slower once aotc_block_1x1 grew past GCC's inlining budget).
+// An MR x NV block of accumulators into c (pitch ldc), ``fin``'s clamp (NULL: none) applied on the way; its
+// bias is already in the accumulators (aotc_block_1x1_part starts them there). Always inlined: called apart,
+// the accumulators went through memory (the 112x112 block 1.7x slower once aotc_block_1x1 grew past GCC's
+// inlining budget).
 template <class T, int MR, int NV, class V>
-static inline __attribute__((always_inline)) void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
+static inline __attribute__((always_inline)) void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin) {
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   if (fin != NULL) {
     const V lo = aotc_vset1(fin->lo), hi = aotc_vset1(fin->hi);
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) acc[i][j] = aotc_block_vclamp<T>(acc[i][j], bias != NULL ? bias + j * L : NULL, lo, hi);
+      for (int j = 0; j < NV; ++j) acc[i][j] = aotc_block_vclamp<T>(acc[i][j], (const T*)NULL, lo, hi);
   }
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
@@ -133,7 +134,7 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
       for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
     }
   }
-  aotc_block_store<T, MR, NV>(acc, c, ldc, fin, (const T*)NULL);
+  aotc_block_store<T, MR, NV>(acc, c, ldc, fin);
 }
 
 // The first NU of the panel's NV vectors (NU < NV: a last panel of fewer channels, the rest not computed)
