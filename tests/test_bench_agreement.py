@@ -19,13 +19,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_timing import median_ms  # noqa: E402
 
 SHAPES = {"mlp": (64, 256), "cnn": (4, 3, 32, 32)}  # the examples at a batch a benchmark would run
-# "within noise" on a shared 2-core machine: measured 0.67-1.37 at load 13 (docs/bench.md); a timing bug (a
-# missing sync, load time counted, the wrong divisor) lands far outside
+# "within noise" on a shared 2-core machine: medians measured 0.67-1.37 at load 13 (docs/bench.md); a timing
+# bug (a missing sync, load time counted, the wrong divisor) lands far outside
 AGREE = (0.5, 2.0)
 
 
-def agreement(pkg: Path, shape: tuple[int, ...], threads: int = 1, rounds: int = 3) -> dict[str, float]:
-    """Medians over ``rounds`` interleaved rounds: aotc bench's mean and p50, the benchmark loop's figure
+def agreement(pkg: Path, shape: tuple[int, ...], threads: int = 1, rounds: int = 3, stat=np.median) -> dict[str, float]:
+    """``stat`` over ``rounds`` interleaved rounds: aotc bench's mean and p50, the benchmark loop's figure
     (back-to-back calls) and the same loop one call at a time, in ms."""
     import aotc
 
@@ -39,7 +39,7 @@ def agreement(pkg: Path, shape: tuple[int, ...], threads: int = 1, rounds: int =
         got["loop"].append(median_ms(lambda: m(x), repeats=5, min_time=0.1))
         got["loop_single"].append(median_ms(lambda: m(x), repeats=50, calls=1))
     m.close()
-    return {k: float(np.median(v)) for k, v in got.items()}
+    return {k: float(stat(v)) for k, v in got.items()}
 
 
 @pytest.mark.slow
@@ -47,7 +47,9 @@ def agreement(pkg: Path, shape: tuple[int, ...], threads: int = 1, rounds: int =
 def test_bench_agrees_with_the_benchmark_loop(name: str, tmp_path: Path, aotc_cache: Path) -> None:
     from serve_util import build_example
 
-    a = agreement(build_example(name, tmp_path, aotc_cache), SHAPES[name])
+    # The fastest of 5 rounds: the suite runs one pytest worker per core, so a round can lose half its time
+    # to a g++ next door (CI saw the loop's median at 2.1x its fastest round); preemption only adds time.
+    a = agreement(build_example(name, tmp_path, aotc_cache), SHAPES[name], rounds=5, stat=np.min)
     for mine, theirs in (("bench_mean", "loop"), ("bench_p50", "loop_single")):
         assert AGREE[0] <= a[mine] / a[theirs] <= AGREE[1], f"{name}: {mine} {a[mine]:.3f} ms vs {theirs} {a[theirs]:.3f} ms ({a})"
 
