@@ -348,10 +348,16 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   const double flops = 2.0 * (double)s.N * (double)P * (double)s.O * (double)(taps * s.C > 0 ? taps * s.C : 1);
   const int64_t most = aotc_pool_threads();
   const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
-  // Blocks: MB pixels x NB channels, narrowed (pixels first: each block re-reads the weight panel from
-  // cache, not from the input) until there are a few tasks per thread the work pays for.
+  // Blocks: MB pixels x NB channels, narrowed until there are a few tasks per thread the work pays for.
+  // Each pixel block streams its channel block's weights once, and each channel block reads its pixels'
+  // inputs once: narrow the side whose re-reads cost less. Pixels first where the image outweighs the
+  // weights (a weight panel is then re-read from cache); channels first where the weights outweigh the
+  // image (MobileNetV2's last 1x1 conv, 49 pixels x 320 -> 1280 channels: 1.6 MB of weights that three
+  // pixel blocks of 24 streamed three times).
   int64_t MB = aotc_mm_min(aotc_roundup(P, MR), AOTC_CONV_MB), NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
   auto ntasks = [&]() { return s.N * ((P + MB - 1) / MB) * ((s.O + NB - 1) / NB); };
+  if (s.O > s.N * P)
+    while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   while (MB > 2 * MR && ntasks() < want) MB = aotc_roundup(MB / 2, MR);
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
@@ -560,6 +566,7 @@ int main() {
     fails += aotc_conv_check_nhwc<2>({2, 5, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);
     fails += aotc_conv_check_nhwc<2>({1, 8, 5, 5, 3, 1, 1, 5, 5, 1, 1, 0, 0, 1, 1, 1}, nchw);    // 1x1
     fails += aotc_conv_check_nhwc<2>({1, 24, 7, 7, 40, 1, 1, 7, 7, 1, 1, 0, 0, 1, 1, 1}, nchw);  // 1x1, 49 pixels
+    fails += aotc_conv_check_nhwc<2>({1, 80, 7, 7, 700, 1, 1, 7, 7, 1, 1, 0, 0, 1, 1, 1}, nchw);  // ... channels split first
     fails += aotc_conv_check_nhwc<2>({2, 24, 5, 6, 40, 1, 1, 5, 6, 1, 1, 0, 0, 1, 1, 1}, nchw);  // ... 30 (a half strip)
     fails += aotc_conv_check_nhwc<1>({2, 5, 1, 11, 9, 1, 1, 1, 11, 1, 1, 0, 0, 1, 1, 1}, nchw);   // ... 11
     fails += aotc_conv_check_nhwc<1>({1, 7, 12, 10, 9, 3, 3, 4, 3, 3, 3, 2, 1, 2, 2, 1}, nchw);  // dilated
