@@ -24,6 +24,10 @@
 
 #include "aotc_pool_loop.h"
 
+#ifndef AOTC_POOL_SPARE_MIN
+#define AOTC_POOL_SPARE_MIN 0.5  // cores spare on average (aotc_spare_cores) for the time bound to try the workers
+#endif
+
 // ---- calls: the settable thread count and the policy between calls ----------------------------------
 
 // n > 0: up to n threads, fewer while the extra ones do not get a core; 0: the default count (all the
@@ -52,6 +56,28 @@ static inline uint64_t aotc_pool_key(const int64_t* syms, int n) {
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < n; ++i) h = (h ^ (uint64_t)syms[i]) * 1099511628211ull;
   return h;
+}
+
+#ifdef AOTC_SELFTEST_POOL
+static double aotc_selftest_spare = 1.0;  // cores the self-test's simulated machine has spare (no /proc/stat)
+#endif
+
+// Whether a core has been spare for the workers since the last look (aotc_spare_cores.h), or it cannot
+// tell (no /proc/stat, the first look). Note (why ask): with one thread chosen, the time bound tries the
+// workers every AOTC_POOL_EXPLORE_NS, so that a choice made in a passing slowdown ends soon after it. Under
+// a core busy for good those tries were the calls' only cost: every 8th call of a 5-25 ms model ran with
+// workers, and took 1.2-1.5x one thread's time (busy auto over one thread 1.01-1.03 in
+// benchmarks/cpu_contention.py; 0.99-1.01 with no time bound). The tries spaced in calls still come.
+static inline bool aotc_pool_cores_spare(aotc_pool& p) {
+#ifdef AOTC_SELFTEST_POOL
+  (void)p;
+  return aotc_selftest_spare >= AOTC_POOL_SPARE_MIN;
+#else
+  const aotc_cpu_ticks now = aotc_cpu_ticks_now();
+  const double spare = aotc_spare_cores(p.ticks, now);
+  p.ticks = now;
+  return spare < 0 || spare >= AOTC_POOL_SPARE_MIN;
+#endif
 }
 
 // Start a call: its width is the setting, or one thread while the policy holds calls solo (after a drop)
@@ -88,8 +114,16 @@ static inline void aotc_pool_begin_call(uint64_t key = 0) {
     if (p.solo_until_ns > 0) p.stats.probes += 1;  // this call tries the workers again
     p.solo_until_ns = 0;
     ++p.since_explore;
-    if (p.since_explore >= p.explore_every ||
-        (p.prefer_solo && p.since_explore >= AOTC_POOL_EXPLORE_MIN && now - p.explored_ns >= AOTC_POOL_EXPLORE_NS)) {
+    bool try_other = p.since_explore >= p.explore_every;
+    if (!try_other && p.prefer_solo && p.since_explore >= AOTC_POOL_EXPLORE_MIN &&
+        now - p.explored_ns >= AOTC_POOL_EXPLORE_NS) {
+      try_other = aotc_pool_cores_spare(p);  // the time bound (AOTC_POOL_EXPLORE_NS), when a core was free
+      if (!try_other) {
+        p.explored_ns = now;  // look again after as long
+        p.stats.busy_skips += 1;
+      }
+    }
+    if (try_other) {
       p.exploring = true;
       p.since_explore = 0;
       p.explored_ns = now;
@@ -178,7 +212,7 @@ struct aotc_pool_call {  // RAII: aotc_run's body is one call, also when a kerne
 extern "C" __attribute__((visibility("default"), weak)) int32_t aotc_pool_stats_get(int64_t* out, int32_t n) {
   const aotc_pool_stats& s = aotc_the_pool().stats;
   const int64_t all[] = {s.calls, s.loops, s.stalls, s.drops, s.solo_calls, s.probes, s.wakes,
-                         s.wait_ns, s.loss_ns, s.gain_ns, s.worker_chunks, s.chunks, s.serial, s.explores};
+                         s.wait_ns, s.loss_ns, s.gain_ns, s.worker_chunks, s.chunks, s.serial, s.explores, s.busy_skips};
   const int32_t have = (int32_t)(sizeof all / sizeof all[0]);
   for (int32_t i = 0; i < n && i < have; ++i) out[i] = all[i];
   return have;
@@ -269,6 +303,25 @@ int main() {
   const int64_t explores = p.stats.explores;
   for (int i = 0; i < 300; ++i) simulated(10000000, 18500000, 11);
   if (p.stats.explores - explores > 7) printf("%ld tries of one thread in 300 calls\n", (long)(p.stats.explores - explores)), ++fails;
+  // One thread chosen under a core busy for good (no core spare): the time bound stays quiet, and the tries
+  // of the workers come spaced in calls, as the other way round -- a slow model (25 ms with workers, 21
+  // alone), 300 calls: at 8, 16, 32, ... calls, not every 8. Once a core is spare again, the next look
+  // (30 ms on) tries the workers, and they win the calls back.
+  aotc_pool_set_threads(3);
+  aotc_pool_set_threads(2);
+  aotc_selftest_spare = 0;
+  for (int i = 0; i < 4 * AOTC_POOL_EXPLORE_MIN && !p.prefer_solo; ++i) simulated(25000000, 21000000, 12);
+  const int64_t tries = p.stats.explores, skips = p.stats.busy_skips;
+  with_workers = 0;
+  for (int i = 0; i < 300; ++i) with_workers += simulated(25000000, 21000000, 12);
+  if (!p.prefer_solo || with_workers > 7 || p.stats.busy_skips == skips)
+    printf("busy core: %d calls of 300 with workers (%ld tries, %ld skipped), expected at most 7\n", with_workers,
+           (long)(p.stats.explores - tries), (long)(p.stats.busy_skips - skips)), ++fails;
+  aotc_selftest_spare = 1;
+  int back = 0;
+  while (back < 300 && !simulated(10000000, 21000000, 12)) ++back;
+  if (back > AOTC_POOL_EXPLORE_NS / 21000000 + AOTC_POOL_EXPLORE_MIN + 1)
+    printf("workers came back %d calls after a core was spare\n", back), ++fails;
   // A longer slowdown (0.3 s), then none: the tries in it spaced out (to 64 calls, 0.27 s alone).
   for (int i = 0; i < 70; ++i) simulated(6000000, 4400000, 10);
   int stuck = 0;

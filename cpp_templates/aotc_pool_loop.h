@@ -36,6 +36,8 @@
 #include <memory>
 #include <type_traits>
 
+#include "aotc_spare_cores.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -166,6 +168,7 @@ struct aotc_worker {
 struct aotc_pool_stats {  // for tests and benchmarks: what the policy saw (aotc_pool_stats_get)
   int64_t calls = 0, loops = 0, stalls = 0, drops = 0, solo_calls = 0, probes = 0, wakes = 0;
   int64_t wait_ns = 0, loss_ns = 0, gain_ns = 0, worker_chunks = 0, chunks = 0, serial = 0, explores = 0;
+  int64_t busy_skips = 0;  // tries of the workers that the time bound would have made, skipped: no core was spare
 };
 
 struct aotc_share {  // one thread's share of a loop's chunks (its own cache line: the owner claims often)
@@ -204,6 +207,7 @@ struct aotc_pool {
   bool prefer_solo = false;
   int64_t explore_every = AOTC_POOL_EXPLORE_MIN, since_explore = 0;
   int64_t explored_ns = 0;  // the last try of the other way, or the last switch
+  aotc_cpu_ticks ticks;  // the CPUs' counters when the time bound last looked (aotc_pool.h, aotc_spare_cores.h)
   bool adapting = false, exploring = false;  // this call: the policy is on; it tries the way not preferred
   int solo = 0;  // this call began on one thread
   int64_t began_ns = 0;
