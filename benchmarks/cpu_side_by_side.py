@@ -5,9 +5,10 @@
                                           [--target cpu:native|cpu:x86-64-v3|...] [--avx2]
 
 Every engine gets the same inputs and the same thread count (the machine's cores unless --threads);
-fp32; each round times 30 single calls and takes their median, three rounds interleave the engines,
-and the best round counts. aotc packages are built for --target (cpu:native unless given; cpu:x86-64-v3
-runs the AVX2 code on an AVX-512 machine). The "vs best" ratio is the faster of
+fp32; each round times 30 single calls and takes their median, three rounds interleave the engines
+(0.1 s apart, so that one engine's spinning threads are not the next one's neighbour), and the best round
+counts. aotc packages are built for --target (cpu:native unless given; cpu:x86-64-v3 runs the AVX2 code
+on an AVX-512 machine). The "vs best" ratio is the faster of
 ONNX Runtime and torch.compile divided by aotc (above 1: aotc is faster); the geomean is over models.
 Extras: the aotc matmul kernel at 2048^3 against torch.mm in the same process (GFLOP/s), and the cold
 start of the MLP package (new process -> import aotc -> load -> first output), idle and with another
@@ -54,6 +55,12 @@ from bench_timing import busy_core  # noqa: E402
 from zoo.models import FirstOutput  # noqa: E402  (the zoo's wrapper: ModelOutput -> its first tensor)
 
 CALLS, ROUNDS = 30, 3
+# Seconds of quiet before each engine's turn: ONNX Runtime's threads spin ~20 ms after its last call and
+# OpenMP's (torch's) spin too, on the cores the next engine's calls want; a process serving one engine
+# has no such neighbour. (aotc's first calls after ORT's once ran on one thread, its pool having seen the
+# spinning: MobileNet's ratio moved 1.14-1.21 between runs. benchmarks/cpu_contention.py --neighbour
+# measures that case on purpose.)
+SETTLE_S = 0.1
 
 
 # ---- models ----------------------------------------------------------------------------------------------
@@ -167,10 +174,11 @@ def _ort(model: nn.Module, x: torch.Tensor, work: Path, threads: int) -> Callabl
 
 
 def _rounds(fns: dict[str, Callable[[], object]]) -> dict[str, float]:
-    """Best of ROUNDS interleaved rounds of the median of CALLS single calls, in ms."""
+    """Best of ROUNDS interleaved rounds of the median of CALLS single calls, in ms; SETTLE_S apart."""
     best = dict.fromkeys(fns, math.inf)
     for _ in range(ROUNDS):
         for name, fn in fns.items():
+            time.sleep(SETTLE_S)
             fn()
             ts = []
             for _ in range(CALLS):
@@ -339,7 +347,8 @@ def main() -> None:
     doc: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
         "threads": args.threads, "versions": _versions(),
-        "method": f"fp32; per engine the median of {CALLS} single calls; best of {ROUNDS} interleaved rounds; "
+        "method": f"fp32; per engine the median of {CALLS} single calls; best of {ROUNDS} interleaved rounds, "
+                  f"{SETTLE_S} s of quiet before each engine's turn; "
                   f"aotc built for {args.target}; best_peer_over_aotc = min(ORT, torch.compile) / aotc",
         "rows": [], "notes": [], "loadavg_start": os.getloadavg(),
         "isa": {"aotc": args.target, "torch": torch.backends.cpu.get_cpu_capability(),
