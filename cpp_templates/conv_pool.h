@@ -61,11 +61,22 @@ static bool aotc_pool_hrow(const aotc_conv_shape& s, const aotc_conv_pool& pl, c
     const T* at = r + (w0 + lo) * ldb;
     for (int64_t c0 = 0; c0 < C; c0 += L) {
       V acc = init;
-      if (n == 3)  // a 3-wide window inside the row (the stem's 3x3 pool), unrolled
+      if (n == 3 && !NANS) {  // a 3-wide window inside the row (the stem's 3x3 pool), unrolled
+        // One add a window on the running sum, the other two beside it: three in a row (one per step)
+        // made the sum's latency, 12 cycles a window, the pool's limit -- a third of the CNN's stem.
+        V a0, a1, a2;
+        memcpy(&a0, at + c0, sizeof(V));
+        memcpy(&a1, at + ldb + c0, sizeof(V));
+        memcpy(&a2, at + 2 * ldb + c0, sizeof(V));
+        sum += (a0 + a1) + a2;
+        acc = MAX ? (a0 > a1 ? a0 : a1) : (a0 < a1 ? a0 : a1);
+        acc = MAX ? (acc > a2 ? acc : a2) : (acc < a2 ? acc : a2);
+      } else if (n == 3) {
         acc = aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(aotc_pool_step<T, MAX, NANS>(acc, at + c0, sum), at + ldb + c0, sum),
                                            at + 2 * ldb + c0, sum);
-      else
+      } else {
         for (int64_t j = 0; j < n; ++j) acc = aotc_pool_step<T, MAX, NANS>(acc, at + j * ldb + c0, sum);
+      }
       memcpy(h + pw * ldb + c0, &acc, sizeof(V));
     }
   }
