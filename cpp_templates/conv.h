@@ -286,9 +286,32 @@ static inline bool aotc_conv_nested() { return aotc_pool_inside || omp_in_parall
 #define AOTC_CONV_ROW_PIXELS 96  // output pixels per task of the row kernel at most, whole rows (one at least)
 #endif
 
+// An epilogue that writes the conv's output dense channels-last, out[(n * P + p) * O + oc] (P pixels an image,
+// p = oh * OW + ow), as fin's clamp of the accumulators (a folded batch-norm and ReLU/ReLU6: codegen's
+// cpp_conv.py). aotc_conv_packed_rows writes it straight from the registers (no tile, no pass over one: on
+// MobileNetV2's stem that pass was a third of the conv); the other paths call it on their tiles.
+template <class T>
+struct aotc_conv_out {
+  T* out;
+  aotc_conv_clamp<T> fin;
+  int64_t P, O;
+  void operator()(int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const T* tile, int64_t ldt) const {
+    const T* bias = fin.bias != NULL ? fin.bias + n * fin.bias_n : NULL;
+    for (int64_t p = p0; p < p0 + pb; ++p) {
+      T* o = out + (n * P + p) * O;
+      const T* t = tile + (p - p0) * ldt - o0;
+#pragma omp simd
+      for (int64_t oc = o0; oc < o0 + ob; ++oc) o[oc] = aotc_conv_fin(t[oc], fin, bias, oc);
+    }
+  }
+};
+template <class T, class Epi>
+struct aotc_conv_is_out : std::is_same<typename std::decay<Epi>::type, aotc_conv_out<T>> {};
+
 // aotc_conv2d_packed over dense channels-last input whose rows hold at least MR interior pixels (window
 // inside horizontally, [lo, hi)): one task per (image, band of output rows, channel block), aotc_conv_row
-// per row and panel.
+// per row and panel. With an aotc_conv_out epilogue and O whole panels, a task takes all O channels and
+// writes its rows of the output in place.
 template <class T, int NV, int STEP, class Epi>
 static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* wp, Epi epi,
                                   int64_t lo, int64_t hi) {
@@ -298,29 +321,44 @@ static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_con
   const int64_t K = s.KH * s.KW * s.C;
   const double flops = 2.0 * (double)s.N * (double)(s.OH * s.OW) * (double)s.O * (double)(K > 0 ? K : 1);
   const int64_t want = aotc_mm_min(aotc_pool_threads(), (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
-  int64_t R = s.OW < AOTC_CONV_ROW_PIXELS ? AOTC_CONV_ROW_PIXELS / s.OW : 1, NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
+  const bool direct = aotc_conv_is_out<T, Epi>::value && s.O % NR == 0;
+  int64_t R = s.OW < AOTC_CONV_ROW_PIXELS ? AOTC_CONV_ROW_PIXELS / s.OW : 1;
+  int64_t NB = direct ? s.O : aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
   auto ntasks = [&]() { return s.N * ((s.OH + R - 1) / R) * ((s.O + NB - 1) / NB); };
   while (R > 1 && ntasks() < want) R = (R + 1) / 2;
-  while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
+  while (!direct && NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t bands = (s.OH + R - 1) / R, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
   const bool nested = aotc_conv_nested();
   const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
-  const int64_t per = aotc_roundup(R * s.OW * NB, 64 / (int64_t)sizeof(T));
+  const int64_t per = aotc_roundup(direct ? 1 : R * s.OW * NB, 64 / (int64_t)sizeof(T));
   const aotc_conv_bufs<T> bufs(per, nthreads, s.C, nested);
   T* const ws_all = bufs.ws;
   const T* const zero = bufs.zero;
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
-    T* tile = ws_all + (int64_t)slot * per;
     const int64_t n = task / (bands * oblocks), oh0 = task / oblocks % bands * R, oi = task % oblocks;
     const int64_t rb = aotc_mm_min(s.OH - oh0, R), o0 = oi * NB, ob = aotc_mm_min(s.O - o0, NB);
     const int64_t nbp = aotc_roundup(ob, NR);
     const T* xn = x + xs.off + n * xs.s0;
-    for (int64_t js = 0; js < nbp; js += NR) {
-      const T* bp = wp + ((o0 + js) / NR) * K * NR;
-      for (int64_t oh = oh0; oh < oh0 + rb; ++oh)
-        aotc_conv_row<T, NV, STEP>(s, xn, xs.s2, bp, oh, lo, hi, tile + (oh - oh0) * s.OW * nbp + js, nbp);
-      aotc_conv_edges<T, NV>(s, xn, xs.s2, bp, oh0, rb, lo, hi, zero, tile + js, s.OW * nbp, nbp);
+    // the task's rows into c (pixel pitch nbp), through fin's clamp with FIN
+    auto rows = [&](auto fin_on, T* c, const aotc_conv_clamp<T>* fin, const T* bias) {
+      constexpr bool FIN = decltype(fin_on)::value;
+      for (int64_t js = 0; js < nbp; js += NR) {
+        const T* bp = wp + ((o0 + js) / NR) * K * NR;
+        const T* bj = bias != NULL ? bias + o0 + js : NULL;
+        for (int64_t oh = oh0; oh < oh0 + rb; ++oh)
+          aotc_conv_row<T, NV, STEP, FIN>(s, xn, xs.s2, bp, oh, lo, hi, c + (oh - oh0) * s.OW * nbp + js, nbp, fin, bj);
+        aotc_conv_edges<T, NV, FIN>(s, xn, xs.s2, bp, oh0, rb, lo, hi, zero, c + js, s.OW * nbp, nbp, fin, bj);
+      }
+    };
+    if constexpr (aotc_conv_is_out<T, Epi>::value) {
+      if (direct) {  // nbp == O: the output's own layout
+        const T* bias = epi.fin.bias != NULL ? epi.fin.bias + n * epi.fin.bias_n : NULL;
+        rows(std::true_type(), epi.out + (n * epi.P + oh0 * s.OW) * s.O, &epi.fin, bias);
+        return;
+      }
     }
+    T* tile = ws_all + (int64_t)slot * per;
+    rows(std::false_type(), tile, (const aotc_conv_clamp<T>*)NULL, (const T*)NULL);
     epi(n, oh0 * s.OW, rb * s.OW, o0, ob, (const T*)tile, nbp);
   });
 }
@@ -556,11 +594,46 @@ static int aotc_conv_check_nhwc(aotc_conv_shape s, bool nchw_input) {
   return aotc_conv_naive_fails(s, x, w, y);
 }
 
+// aotc_conv_out (bias per image, clamp [0, 6]) against the same conv through a lambda epilogue that clamps
+// each value; the output channels-last. Integer data: equal results, whichever path (in place or tiles).
+template <int NV, int STEP = 0>
+static int aotc_conv_check_out(aotc_conv_shape s, bool nchw_input) {
+  constexpr int NR = NV * AOTC_VBYTES / 4;
+  const int64_t P = s.OH * s.OW, K = s.KH * s.KW * s.C, panels = (s.O + NR - 1) / NR;
+  std::vector<float> x(s.N * s.C * s.H * s.W), wp(panels * K * NR, 0.0f), bias(s.N * s.O);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 7) % 5) - 2.0f;
+  for (size_t i = 0; i < wp.size(); ++i) wp[i] = (float)((i * 3) % 7) - 3.0f;
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = (float)((i * 5) % 9) - 4.0f;
+  const aotc_conv_strides xs = nchw_input ? aotc_conv_strides{0, s.C * s.H * s.W, s.H * s.W, s.W, 1}
+                                          : aotc_conv_strides{0, s.C * s.H * s.W, 1, s.W * s.C, s.C};
+  std::vector<float> want(s.N * P * s.O, -1.0f), got(want);
+  const aotc_conv_clamp<float> fin{bias.data(), s.O, 0.0f, 6.0f};
+  aotc_conv2d_packed<float, NV, STEP>(s, x.data(), xs, wp.data(),
+                                      [&](int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const float* t, int64_t ldt) {
+                                        for (int64_t p = p0; p < p0 + pb; ++p)
+                                          for (int64_t oc = o0; oc < o0 + ob; ++oc) {
+                                            const float v = t[(p - p0) * ldt + oc - o0] + bias[n * s.O + oc];
+                                            want[(n * P + p) * s.O + oc] = v < 0 ? 0 : (v > 6 ? 6 : v);
+                                          }
+                                      });
+  aotc_conv2d_packed<float, NV, STEP>(s, x.data(), xs, wp.data(), aotc_conv_out<float>{got.data(), fin, P, s.O});
+  int fails = 0;
+  for (size_t i = 0; i < want.size(); ++i) fails += got[i] != want[i];
+  return fails;
+}
+
 int main() {
   int fails = 0;
   fails += aotc_conv_check({2, 6, 9, 11, 4, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 2});  // grouped, strided, padded
   fails += aotc_conv_check({2, 4, 7, 7, 8, 3, 3, 3, 3, 1, 1, 0, 0, 2, 2, 4});   // depthwise x2, dilated
   fails += aotc_conv_check({1, 8, 5, 5, 3, 1, 1, 5, 5, 1, 1, 0, 0, 1, 1, 1});   // 1x1
+  // the output written from the registers (aotc_conv_out): a MobileNetV2-like stem over NCHW input, a
+  // ResNet-like 3x3 (its sliding kernel), more rows than a band; channels off the panels and a 1x1 take tiles
+  fails += aotc_conv_check_out<2, 6>({2, 3, 13, 30, 32, 3, 3, 7, 15, 2, 2, 1, 1, 1, 1, 1}, true);
+  fails += aotc_conv_check_out<1, 16>({2, 16, 9, 40, 32, 3, 3, 9, 40, 1, 1, 1, 1, 1, 1, 1}, false);
+  fails += aotc_conv_check_out<2, 24>({1, 24, 6, 31, 64, 3, 3, 3, 16, 2, 2, 1, 1, 1, 1, 1}, false);
+  fails += aotc_conv_check_out<2, 6>({2, 3, 13, 30, 20, 3, 3, 7, 15, 2, 2, 1, 1, 1, 1, 1}, true);
+  fails += aotc_conv_check_out<2>({1, 8, 5, 5, 40, 1, 1, 5, 5, 1, 1, 0, 0, 1, 1, 1}, false);
   for (int nchw = 0; nchw < 2; ++nchw) {
     fails += aotc_conv_check_nhwc<1>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);  // strided, padded
     fails += aotc_conv_check_nhwc<2>({2, 5, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);

@@ -1,6 +1,6 @@
 // Depthwise conv over channels-last input (conv.h's third entry point, aotc_conv2d_dw) and the pieces of it
-// that conv_dw.h's fused blocks share: the register epilogue aotc_conv_clamp and the row kernel
-// aotc_conv_dw_row.
+// that conv_dw.h's fused blocks share: the row kernel aotc_conv_dw_row (the register epilogue they apply,
+// aotc_conv_clamp, is conv_kernels.h's).
 // What it is not: a header to include on its own terms -- conv.h includes it (after its own kernels, before
 // its self-test, which checks aotc_conv2d_dw too), and it includes conv.h, so that either compiles alone.
 // Epilogues run inside OpenMP regions and must not throw.
@@ -25,42 +25,6 @@
 #ifndef AOTC_CONV_DW_ELEMS_PER_THREAD
 #define AOTC_CONV_DW_ELEMS_PER_THREAD 65536.0  // output elements x taps (~20 us of one core) per extra thread
 #endif
-
-// An epilogue applied to accumulators before they are stored, v = min(max(acc + bias[c], lo), hi) with
-// aotc_maximum's and aotc_minimum's rule that a NaN passes (a folded batch-norm and ReLU/ReLU6: conv_dw.h's
-// block stages). ``bias`` (NULL: none) is image n's at bias + n * bias_n; lo/hi may be -inf/inf.
-template <class T>
-struct aotc_conv_clamp {
-  const T* bias;
-  int64_t bias_n;
-  T lo, hi;
-};
-template <class T>
-static inline T aotc_conv_fin(T v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
-  if (bias != NULL) v += bias[c];
-  v = (v != v || v > f.lo) ? v : f.lo;
-  return (v != v || v < f.hi) ? v : f.hi;
-}
-// The vector form: on x86, maxps/minps with v second (they return their second operand when either is a
-// NaN), two instructions where the compares and blends of the generic form take six (conv_dw.h's
-// aotc_block_vclamp found the same on AVX2). A zero of either sign may come out as the other.
-template <class T, class V>
-static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
-  if (bias != NULL) {
-    V b;
-    memcpy(&b, bias + c, sizeof(V));
-    v += b;
-  }
-  const V lo = aotc_vset1(f.lo), hi = aotc_vset1(f.hi);
-#if AOTC_VBYTES == 64
-  if constexpr (std::is_same<T, float>::value)  // maskz with every lane: no _mm512_undefined_ps warning
-    return (V)_mm512_maskz_min_ps(0xffff, (__m512)hi, _mm512_maskz_max_ps(0xffff, (__m512)lo, (__m512)v));
-#elif AOTC_VBYTES == 32 && defined(__AVX__)
-  if constexpr (std::is_same<T, float>::value) return (V)_mm256_min_ps((__m256)hi, _mm256_max_ps((__m256)lo, (__m256)v));
-#endif
-  v = ((v != v) | (v > lo)) ? v : lo;
-  return ((v != v) | (v < hi)) ? v : hi;
-}
 
 #ifndef AOTC_CONV_DW_OB2
 #define AOTC_CONV_DW_OB2 8  // output pixels per register block of the stride-2 3x3 kernel

@@ -6,7 +6,9 @@
 //                         broadcast at a compile-time offset; aotc_conv_slide3, its sliding form for a
 //                         3-wide kernel row over few channels;
 //   aotc_conv_row         one output row's interior in strips (aotc_conv_row_strips) of those;
-//   aotc_conv_edges       the border pixels of a band of rows (windows crossing the left or right edge).
+//   aotc_conv_edges       the border pixels of a band of rows (windows crossing the left or right edge);
+//   aotc_conv_clamp       a register epilogue (bias, clamp) the row kernels apply as they store (FIN), for
+//                         conv.h's aotc_conv_out and conv_dw.h's blocks.
 // What it is not: an entry point. Blocking the output into tasks, copying the input to channels-last and
 // calling the epilogue are conv.h's (aotc_conv2d_packed, aotc_conv_packed_rows); conv.h's self-test
 // checks these kernels through them. conv_dw.h's fused blocks and conv_pool.h call some of them directly.
@@ -34,6 +36,56 @@ struct aotc_conv_shape {
 struct aotc_conv_strides {
   int64_t off, s0, s1, s2, s3;  // element offset and strides (n, c, h, w) or (o, i, kh, kw)
 };
+
+// An epilogue applied to accumulators before they are stored, v = min(max(acc + bias[c], lo), hi) with
+// aotc_maximum's and aotc_minimum's rule that a NaN passes (a folded batch-norm and ReLU/ReLU6: conv_dw.h's
+// block stages, and conv.h's packed conv writing its output straight from the registers). ``bias`` (NULL:
+// none) is image n's at bias + n * bias_n; lo/hi may be -inf/inf.
+template <class T>
+struct aotc_conv_clamp {
+  const T* bias;
+  int64_t bias_n;
+  T lo, hi;
+};
+template <class T>
+static inline T aotc_conv_fin(T v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
+  if (bias != NULL) v += bias[c];
+  v = (v != v || v > f.lo) ? v : f.lo;
+  return (v != v || v < f.hi) ? v : f.hi;
+}
+// The vector form: on x86, maxps/minps with v second (they return their second operand when either is a
+// NaN), two instructions where the compares and blends of the generic form take six (conv_dw.h's
+// aotc_block_vclamp found the same on AVX2). A zero of either sign may come out as the other.
+template <class T, class V>
+static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
+  if (bias != NULL) {
+    V b;
+    memcpy(&b, bias + c, sizeof(V));
+    v += b;
+  }
+  const V lo = aotc_vset1(f.lo), hi = aotc_vset1(f.hi);
+#if AOTC_VBYTES == 64
+  if constexpr (std::is_same<T, float>::value)  // maskz with every lane: no _mm512_undefined_ps warning
+    return (V)_mm512_maskz_min_ps(0xffff, (__m512)hi, _mm512_maskz_max_ps(0xffff, (__m512)lo, (__m512)v));
+#elif AOTC_VBYTES == 32 && defined(__AVX__)
+  if constexpr (std::is_same<T, float>::value) return (V)_mm256_min_ps((__m256)hi, _mm256_max_ps((__m256)lo, (__m256)v));
+#endif
+  v = ((v != v) | (v > lo)) ? v : lo;
+  return ((v != v) | (v < hi)) ? v : hi;
+}
+
+// A row of NV accumulator vectors into c; with FIN through fin's clamp, ``bias`` at the row's first channel.
+template <class T, int NV, bool FIN, class V>
+static inline __attribute__((always_inline)) void aotc_conv_store(T* c, const V* acc, const aotc_conv_clamp<T>* fin,
+                                                                  const T* bias) {
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    V v = acc[j];
+    if constexpr (FIN) v = aotc_conv_vfin<T>(v, *fin, bias, j * L);
+    memcpy(c + j * L, &v, sizeof(V));
+  }
+}
 
 // First output index o in [0, n) with lo <= o*s + d (the tap's first in-bounds output), and one past the
 // last with o*s + d < hi.
@@ -119,9 +171,9 @@ struct aotc_conv_mr {
 // klen = KW * C consecutive inputs at a + kh * lda + i * STEP (STEP = stride * C, a compile-time constant:
 // every broadcast is one load at a fixed offset from one pointer, where the MR pointers of aotc_conv_micro
 // do not fit in the registers and are re-read from the stack), against the panel rows b + kh * klen * NR.
-template <class T, int MR, int NV, int NVP, int STEP>
+template <class T, int MR, int NV, int NVP, int STEP, bool FIN = false>
 static inline void aotc_conv_row_micro_part(int64_t nkh, int64_t klen, const T* a, int64_t lda, const T* __restrict b,
-                                            T* c, int64_t ldc) {
+                                            T* c, int64_t ldc, const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   constexpr int NR = NVP * L;  // the panel's width; this pass computes NV of its NVP vectors
@@ -150,17 +202,16 @@ static inline void aotc_conv_row_micro_part(int64_t nkh, int64_t klen, const T* 
     }
   }
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+  for (int i = 0; i < MR; ++i) aotc_conv_store<T, NV, FIN>(c + i * ldc, acc[i], fin, bias);
 }
 
-template <class T, int MR, int NV, int STEP>
+template <class T, int MR, int NV, int STEP, bool FIN = false>
 static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, int64_t lda, const T* __restrict b,
-                                       T* c, int64_t ldc) {
+                                       T* c, int64_t ldc, const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL) {
   constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NV>::value;
   for (int j0 = 0; j0 < NV; j0 += NH)
-    aotc_conv_row_micro_part<T, MR, NH, NV, STEP>(nkh, klen, a, lda, b + j0 * L, c + j0 * L, ldc);
+    aotc_conv_row_micro_part<T, MR, NH, NV, STEP, FIN>(nkh, klen, a, lda, b + j0 * L, c + j0 * L, ldc, fin,
+                                                       FIN && bias != NULL ? bias + j0 * L : bias);
 }
 
 // The row micro-kernel of a 3-wide kernel row at stride 1 over C = STEP channels with a panel of one or two
@@ -171,8 +222,9 @@ static inline void aotc_conv_row_micro(int64_t nkh, int64_t klen, const T* a, in
 // MR + 2 + 3 NV loads per 3 MR NV FMAs. MR: aotc_conv_slide_rows (the accumulators, the 3 NV weights and a
 // broadcast in the registers). Each output sums its kernel row's taps channel by channel, kw innermost
 // (the packed order has kw outer): a different order of the same products.
-template <class T, int MR, int NV, int STEP>
-static inline void aotc_conv_slide3(int64_t nkh, const T* a, int64_t lda, const T* __restrict b, T* c, int64_t ldc) {
+template <class T, int MR, int NV, int STEP, bool FIN = false>
+static inline void aotc_conv_slide3(int64_t nkh, const T* a, int64_t lda, const T* __restrict b, T* c, int64_t ldc,
+                                    const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T)), C = STEP, NR = NV * L;
   V acc[MR][NV];
@@ -202,9 +254,7 @@ static inline void aotc_conv_slide3(int64_t nkh, const T* a, int64_t lda, const 
     }
   }
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) memcpy(c + i * ldc + v * L, &acc[i][v], sizeof(V));
+  for (int i = 0; i < MR; ++i) aotc_conv_store<T, NV, FIN>(c + i * ldc, acc[i], fin, bias);
 }
 
 // Pixels per aotc_conv_slide3 strip: MR x NV accumulators, 3 NV weights, a broadcast and one spare in the
@@ -221,9 +271,11 @@ struct aotc_conv_slide_rows {
 // [oh0, oh0 + rows), the output channels of panel bp, into c[(oh - oh0) * ldr + ow * ldc + :NR]: M of them
 // at a time, across rows, through the generic micro-kernel -- one pointer per (pixel, tap), a tap outside
 // the image at a row of C zeros.
-template <class T, int NV, int M>
+template <class T, int NV, int M, bool FIN = false>
 static void aotc_conv_edges_by(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh0,
-                               int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc) {
+                               int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc,
+                               const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL) {
+  typedef typename aotc_mm_vec<T>::type V;
   constexpr int NR = NV * (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T));
   const int64_t taps = s.KH * s.KW, per_row = lo + (s.OW - hi), total = rows * per_row;
   if (total <= 0) return;
@@ -251,19 +303,24 @@ static void aotc_conv_edges_by(const aotc_conv_shape& s, const T* xn, int64_t sx
       }
     }
     aotc_conv_micro<T, M, NV>(taps, s.C, ind, bp, out, NR);
-    for (int64_t i = 0; i < m; ++i) memcpy(c + at[i], out + i * NR, sizeof(T) * NR);
+    for (int64_t i = 0; i < m; ++i) {
+      V row[NV];
+      memcpy(row, out + i * NR, sizeof row);
+      aotc_conv_store<T, NV, FIN>(c + at[i], row, fin, bias);
+    }
   }
 }
 
 // ... in blocks of MR where there are enough border pixels to fill half of one, else in pairs.
-template <class T, int NV>
+template <class T, int NV, bool FIN = false>
 static void aotc_conv_edges(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh0,
-                            int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc) {
+                            int64_t rows, int64_t lo, int64_t hi, const T* zero, T* c, int64_t ldr, int64_t ldc,
+                            const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL) {
   constexpr int MR = aotc_conv_mr<NV>::value;
   if (rows * (lo + s.OW - hi) >= MR / 2)
-    aotc_conv_edges_by<T, NV, MR>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc);
+    aotc_conv_edges_by<T, NV, MR, FIN>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc, fin, bias);
   else
-    aotc_conv_edges_by<T, NV, 2>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc);
+    aotc_conv_edges_by<T, NV, 2, FIN>(s, xn, sxh, bp, oh0, rows, lo, hi, zero, c, ldr, ldc, fin, bias);
 }
 
 // Pixels [lo, hi) (at least MR) in strips: f(std::integral_constant<int, M>, ow) for the M pixels from ow,
@@ -292,9 +349,9 @@ static inline void aotc_conv_row_strips(int64_t lo, int64_t hi, F f) {
 // one panel bp, into c[ow * ldc + :NR]: the interior [lo, hi) (at least MR pixels) in strips of MR pixels
 // (a last short strip as MR / 2 or MR / 4, or overlapping the one before: the overlap writes equal values
 // twice); kernel rows outside the image are skipped, not read as zeros. The border pixels: aotc_conv_edges.
-template <class T, int NV, int STEP>
+template <class T, int NV, int STEP, bool FIN = false>
 static void aotc_conv_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, const T* bp, int64_t oh, int64_t lo,
-                          int64_t hi, T* c, int64_t ldc) {
+                          int64_t hi, T* c, int64_t ldc, const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   constexpr int NR = NV * L, MR = aotc_conv_mr<NV>::value;
@@ -308,13 +365,14 @@ static void aotc_conv_row(const aotc_conv_shape& s, const T* xn, int64_t sxh, co
   if constexpr (SR > 0 && STEP > 0) {
     if (s.KW == 3 && s.sw == 1 && s.dw == 1 && s.C == STEP) {
       aotc_conv_row_strips<SR, SR / 2, SR / 4>(lo, hi, [&](auto m, int64_t ow) {
-        aotc_conv_slide3<T, decltype(m)::value, NV, STEP>(nkh, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+        aotc_conv_slide3<T, decltype(m)::value, NV, STEP, FIN>(nkh, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc, fin, bias);
       });
       return;
     }
   }
   aotc_conv_row_strips<MR, MR2, MR4>(lo, hi, [&](auto m, int64_t ow) {
-    aotc_conv_row_micro<T, decltype(m)::value, NV, STEP>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc);
+    aotc_conv_row_micro<T, decltype(m)::value, NV, STEP, FIN>(nkh, klen, a0 + ow * STEP, lda, b0, c + ow * ldc, ldc, fin,
+                                                              bias);
   });
 }
 

@@ -76,7 +76,7 @@ def _pointwise(k: K.Kernel) -> bool:
     )  # fmt: skip
 
 
-def _row_store(k: K.Conv, weights: set[str]) -> K.Store | None:
+def row_store(k: K.Conv, weights: set[str]) -> K.Store | None:
     """The kernel's one store when it writes its output dense channels-last and reads nothing but weights
     besides the accumulator (a bias, a clamp): then it can run in place on a row of the block."""
     if len(k.stores) != 1 or k.has_gather:
@@ -178,7 +178,7 @@ def _chain(e: K.Kernel, d: K.Kernel, p: K.Kernel, weights: set[str], outputs: se
     if not (_pointwise(e) and _pointwise(p) and isinstance(d, K.Conv) and depthwise_nhwc(d)):
         return False
     assert isinstance(e, K.Conv) and isinstance(p, K.Conv)
-    se, sd = _row_store(e, weights), _row_store(d, weights)
+    se, sd = row_store(e, weights), row_store(d, weights)
     if se is None or sd is None or d.has_gather or d.dilation != (1, 1) or d.kernel[0] > 16:
         return False
     hid = e.c_out

@@ -16,9 +16,9 @@ from dataclasses import replace
 from typing import Protocol
 
 from .. import kernel as K
-from ..ir import Op
+from ..ir import DType, Op
 from ..symbolic import to_c
-from .cpp_block import ROW_DST, KernelWriter, clamp_of, depthwise_nhwc, in_place, write_block
+from .cpp_block import ROW_DST, KernelWriter, clamp_of, depthwise_nhwc, in_place, row_store, write_block
 from .cpp_pool import monotone
 from .cpp_values import ACC_DTYPE, STORAGE, Kctx, Values, acc_type, operand_ptr
 from .writer import Writer
@@ -27,12 +27,14 @@ from .writer import Writer
 class _Host(Protocol):
     """What the conv emitters use of the kernel writer they are mixed into."""
 
+    prog: K.Program
     k: K.Kernel
     w: Writer
     vals: Values
     ctx: Kctx
 
     def _omp(self, text: str) -> str: ...
+    def _direct_out(self) -> str | None: ...
     def _epilogue(self) -> None: ...
     def _checked_epilogue(self, emit: Callable[[], None]) -> None: ...
     def _conv_call(self, at: str) -> tuple[str, bool]: ...
@@ -78,6 +80,10 @@ class ConvEmitter:
             self._conv_pool(at)
             return
         call, nhwc = self._conv_call(at)
+        direct = self._direct_out() if nhwc else None
+        if direct is not None:
+            self.w.line(f"{call}{direct});")
+            return
         if nhwc:  # Acc(n, oc, p) = tile[(p - p0) * ldt + (oc - oc0)]
             args = "int64_t i0, int64_t aotc_p0, int64_t aotc_pb, int64_t aotc_oc0, int64_t aotc_ocb"
         else:  # Acc(n, oc, p) = tile[(oc - oc0) * ldt + (p - p0)]
@@ -101,6 +107,25 @@ class ConvEmitter:
             self._checked_epilogue(self._tile_nhwc if nhwc else tile)
         if self.k.has_gather:
             self.w.line("if (aotc_bad_epi) aotc_bad = 1;")
+
+    def _direct_out(self: _Host) -> str | None:
+        """conv.h's ``aotc_conv_out`` epilogue, when this packed fp32 conv stores its output dense channels-last
+        as a clamp of the accumulator (a folded batch-norm, ReLU or ReLU6: cpp_block.py's ``clamp_of``) and its
+        channels are whole weight panels: the row kernel then writes the output from its registers, with no
+        tile and no epilogue pass. None for any other conv, and for a 1x1 conv at stride 1 (conv.h runs it as
+        a matmul over tiles, which the lambda's vectorised epilogue serves better)."""
+        k = self.k
+        assert isinstance(k, K.Conv)
+        if not k.packed or k.wino or k.x.dtype is not DType.f32 or k.w.dtype is not DType.f32:
+            return None
+        if k.kernel == (1, 1) and k.stride == (1, 1):
+            return None
+        weights = {b.name for b in self.prog.weights}
+        st = row_store(k, weights)
+        clamp = clamp_of(st, weights) if st is not None else None
+        if st is None or clamp is None or self.ctx.dtypes[st.buf] is not DType.f32 or k.c_out % int(k.w.strides[0]):
+            return None
+        return f"aotc_conv_out<float>{{{self.ctx.bufs[st.buf]}, {clamp.c_init(self.ctx.bufs)}, aotc_s.OH * aotc_s.OW, aotc_s.O}}"
 
     def _conv_pool(self: _Host, at: str) -> None:
         """A conv with a max/min pool fused after it (cpp_pool.py, conv_pool.h): ``pre`` as a lambda of the
