@@ -55,8 +55,9 @@ static inline aotc_cpu_ticks aotc_cpu_ticks_now() {
   if (sched_getaffinity(0, sizeof set, &set) != 0) return t;
   const int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return t;
-  // The file is ~150 bytes a CPU; reads past the buffer are dropped (the per-CPU lines come first).
-  static thread_local char buf[1 << 16];
+  // The file is ~150 bytes a CPU; reads past the buffer are dropped (the per-CPU lines come first). One
+  // buffer: the pool's policy runs on the calling thread, and the runtime serialises calls into a library.
+  static char buf[1 << 16];
   int64_t n = 0;
   for (ssize_t r; n < (int64_t)sizeof buf && (r = read(fd, buf + n, sizeof buf - n)) > 0;) n += r;
   close(fd);
