@@ -13,7 +13,8 @@
 // to a vector; the channels are the vector lanes), one small GEMM per position multiplies them into
 // Mt[pos][tile][NB] (a register-blocked micro-kernel whose broadcasts sit at compile-time offsets of one
 // pointer), and the output transform writes the group's pixels into the band's tile, which the epilogue
-// reads once at the end. Groups keep V and Mt near L1 (AOTC_WINO_BYTES) but hold enough tiles to amortise
+// reads once at the end -- or, with conv.h's aotc_conv_out (a clamp into dense channels-last, all O channels
+// in the task), straight into the output through the clamp. Groups keep V and Mt near L1 (AOTC_WINO_BYTES) but hold enough tiles to amortise
 // reading U; bands keep their output tile in L2 (AOTC_WINO_BAND_BYTES).
 // Points 0, +-1, +-2 and infinity (Lavin & Gray). fp32 errors: about 1e-6 of an output's sum of |products|
 // for F(4x4) (some 10x the direct conv's), 1e-7 for F(2x2) (the self-test below; tests/test_cpp_conv.py
@@ -161,6 +162,10 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
   while (TR > 1 && ntasks() < want) TR = (TR + 1) / 2;
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t bands = (TH + TR - 1) / TR, oblocks = (s.O + NB - 1) / NB, tasks = ntasks();
+  // An aotc_conv_out epilogue (conv.h) over all O channels in one block of whole panels: the output
+  // transform writes the output through its clamp, with no band tile and no epilogue pass.
+  constexpr bool OUT = aotc_conv_is_out<T, Epi>::value;
+  const bool direct = OUT && oblocks == 1 && s.O % NR == 0;
   // Tiles per group: V and Mt of a group within AOTC_WINO_BYTES, but at least 2 C NB / (C + NB) -- each
   // group reads the whole U of its channel block once, and with fewer tiles than that those reads outweigh
   // V's and Mt's (128 channels in groups of 3 tiles ran at half the speed of whole bands); a multiple of
@@ -193,6 +198,22 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
     const int64_t oh0 = th0 * M, rows = aotc_mm_min(s.OH - oh0, ntr * M);
     const int64_t o0 = oi * nb, obw = aotc_mm_min(s.O - o0, nb), nbp = aotc_roundup(obw, NR);
     const T* xn = xt + xs.off + n * xs.s0;
+    T* out = ob;  // pixel (oh0 + r, ow) at out[(r * OW + ow) * nbp + :]
+    const aotc_conv_clamp<T>* fin = NULL;
+    const T* bias = NULL;
+    if constexpr (OUT) {
+      if (direct) {  // nbp == O: the output's own layout
+        out = epi.out + (n * epi.P + oh0 * OW) * s.O;
+        fin = &epi.fin;
+        bias = epi.fin.bias != NULL ? epi.fin.bias + n * epi.fin.bias_n : NULL;
+      }
+    }
+    auto put = [&](T* at, V v, int64_t j) {  // j: the vector's first channel in the block
+      if constexpr (OUT) {
+        if (fin != NULL) v = aotc_conv_vfin<T>(v, *fin, bias, j);
+      }
+      memcpy(at, &v, sizeof(V));
+    };
     for (int64_t g0 = 0; g0 < nt; g0 += gs) {
       const int64_t ng = aotc_mm_min(gs, nt - g0), ngp = aotc_roundup(ng, MR4);
       // Input transform: tile t = (tr, tw) reads input rows oh0 + tr * M - ph + [0, A), columns tw * M - pw + [0, A).
@@ -253,20 +274,20 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
           for (int c = 0; c < A; ++c) TF::out(m + c, u + c, A, A);  // columns: u = A^T m (M x A)
 #pragma GCC unroll 8
           for (int r = 0; r < M; ++r) TF::out(u + r * A, o + r * M, 1, 1);  // rows: o = u A (M x M)
-          T* dst = ob + (r0 * OW + w0) * nbp + j;
+          T* dst = out + (r0 * OW + w0) * nbp + j;
           if (mr == M && mc == M) {
 #pragma GCC unroll 4
             for (int r = 0; r < M; ++r)
 #pragma GCC unroll 4
-              for (int c = 0; c < M; ++c) memcpy(dst + (r * OW + c) * nbp, &o[r * M + c], sizeof(V));
+              for (int c = 0; c < M; ++c) put(dst + (r * OW + c) * nbp, o[r * M + c], j);
           } else {
             for (int64_t r = 0; r < mr; ++r)
-              for (int64_t c = 0; c < mc; ++c) memcpy(dst + (r * OW + c) * nbp, &o[r * M + c], sizeof(V));
+              for (int64_t c = 0; c < mc; ++c) put(dst + (r * OW + c) * nbp, o[r * M + c], j);
           }
         }
       }
     }
-    epi(n, oh0 * s.OW, rows * s.OW, o0, obw, (const T*)ob, nbp);
+    if (!direct) epi(n, oh0 * s.OW, rows * s.OW, o0, obw, (const T*)ob, nbp);
   });
 }
 
@@ -308,6 +329,18 @@ static int aotc_wino_selftest(int64_t N, int64_t H, int64_t W, int64_t O, int64_
                                        for (int64_t o = o0; o < o0 + ob; ++o)
                                          y[(size_t)((n * OH * OW + p) * O + o)] = t[(p - p0) * ldt + (o - o0)];
                                    });
+  // The output written through aotc_conv_out (conv.h: a bias per image, a clamp) by the output transform:
+  // equal to the clamp of y, where O is whole panels (else through the band's tile).
+  std::vector<float> bias((size_t)(N * O)), z(y.size(), -7.0f);
+  for (auto& v : bias) v = rnd();
+  aotc_conv2d_wino<float, M, 1, C>(s, x.data(), aotc_conv_dense(s), wp.data(),
+                                   aotc_conv_out<float>{z.data(), {bias.data(), O, -0.5f, 0.75f}, OH * OW, O});
+  int wrong = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float v = y[i] + bias[i / (size_t)(OH * OW * O) * (size_t)O + i % (size_t)O];
+    wrong += z[i] != (v < -0.5f ? -0.5f : (v > 0.75f ? 0.75f : v));
+  }
+  if (wrong) printf("aotc_conv_out: %d outputs differ from the clamped tile\n", wrong);
   double worst = 0;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t oh = 0; oh < OH; ++oh)
@@ -328,7 +361,7 @@ static int aotc_wino_selftest(int64_t N, int64_t H, int64_t W, int64_t O, int64_
         }
   printf("F(%d,3) C=%d %ldx%ldx%ld O=%ld pad %ld: max error / sum|products| %.3g\n", M, C, (long)N, (long)H, (long)W,
          (long)O, (long)pad, worst);
-  return worst < 1e-5 ? 0 : 1;
+  return worst < 1e-5 && wrong == 0 ? 0 : 1;
 }
 
 int main() {
@@ -337,6 +370,8 @@ int main() {
   bad |= aotc_wino_selftest<4, 19>(1, 13, 6, 20, 0);
   bad |= aotc_wino_selftest<2, 5>(2, 9, 11, 7, 1);
   bad |= aotc_wino_selftest<2, 16>(1, 30, 17, 3, 0);
+  bad |= aotc_wino_selftest<4, 16>(2, 14, 13, 2 * (AOTC_VBYTES / 4), 1);  // whole panels: the output transform writes it
+  bad |= aotc_wino_selftest<2, 8>(3, 10, 9, AOTC_VBYTES / 4, 1);
   printf(bad ? "FAIL\n" : "ok\n");
   return bad;
 }

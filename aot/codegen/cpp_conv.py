@@ -111,12 +111,13 @@ class ConvEmitter:
     def _direct_out(self: _Host) -> str | None:
         """conv.h's ``aotc_conv_out`` epilogue, when this packed fp32 conv stores its output dense channels-last
         as a clamp of the accumulator (a folded batch-norm, ReLU or ReLU6: cpp_block.py's ``clamp_of``) and its
-        channels are whole weight panels: the row kernel then writes the output from its registers, with no
-        tile and no epilogue pass. None for any other conv, and for a 1x1 conv at stride 1 (conv.h runs it as
-        a matmul over tiles, which the lambda's vectorised epilogue serves better)."""
+        channels are whole weight panels: the row kernel (or Winograd's output transform, conv_wino.h) then
+        writes the output from its registers, with no tile and no epilogue pass. None for any other conv, and
+        for a 1x1 conv at stride 1 (conv.h runs it as a matmul over tiles, which the lambda's vectorised
+        epilogue serves better)."""
         k = self.k
         assert isinstance(k, K.Conv)
-        if not k.packed or k.wino or k.x.dtype is not DType.f32 or k.w.dtype is not DType.f32:
+        if not k.packed or k.x.dtype is not DType.f32 or k.w.dtype is not DType.f32:
             return None
         if k.kernel == (1, 1) and k.stride == (1, 1):
             return None
