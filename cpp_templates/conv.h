@@ -287,21 +287,30 @@ static inline bool aotc_conv_nested() { return aotc_pool_inside || omp_in_parall
 #endif
 
 // An epilogue that writes the conv's output dense channels-last, out[(n * P + p) * O + oc] (P pixels an image,
-// p = oh * OW + ow), as fin's clamp of the accumulators (a folded batch-norm and ReLU/ReLU6: codegen's
-// cpp_conv.py). aotc_conv_packed_rows writes it straight from the registers (no tile, no pass over one: on
-// MobileNetV2's stem that pass was a third of the conv); the other paths call it on their tiles.
+// p = oh * OW + ow), as fin's clamp of the accumulators plus the bias (a folded batch-norm and ReLU/ReLU6:
+// codegen's cpp_conv.py), with ``res`` (NULL: none; the output's layout, and it may be the output itself)
+// added before the clamp: a ResNet block's skip connection. aotc_conv_packed_rows (no res) and Winograd's
+// output transform write it straight from the registers (no tile, no pass over one: on MobileNetV2's stem
+// that pass was a third of the conv); the other paths call it on their tiles.
 template <class T>
 struct aotc_conv_out {
   T* out;
   aotc_conv_clamp<T> fin;
   int64_t P, O;
+  const T* res = NULL;
   void operator()(int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const T* tile, int64_t ldt) const {
     const T* bias = fin.bias != NULL ? fin.bias + n * fin.bias_n : NULL;
+    const aotc_conv_clamp<T> clamp{NULL, 0, fin.lo, fin.hi};
     for (int64_t p = p0; p < p0 + pb; ++p) {
       T* o = out + (n * P + p) * O;
+      const T* r = res != NULL ? res + (n * P + p) * O : NULL;
       const T* t = tile + (p - p0) * ldt - o0;
 #pragma omp simd
-      for (int64_t oc = o0; oc < o0 + ob; ++oc) o[oc] = aotc_conv_fin(t[oc], fin, bias, oc);
+      for (int64_t oc = o0; oc < o0 + ob; ++oc) {
+        T v = bias != NULL ? t[oc] + bias[oc] : t[oc];
+        if (r != NULL) v = v + r[oc];
+        o[oc] = aotc_conv_fin(v, clamp, (const T*)NULL, oc);
+      }
     }
   }
 };
@@ -321,7 +330,8 @@ static void aotc_conv_packed_rows(const aotc_conv_shape& s, const T* x, aotc_con
   const int64_t K = s.KH * s.KW * s.C;
   const double flops = 2.0 * (double)s.N * (double)(s.OH * s.OW) * (double)s.O * (double)(K > 0 ? K : 1);
   const int64_t want = aotc_mm_min(aotc_pool_threads(), (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
-  const bool direct = aotc_conv_is_out<T, Epi>::value && s.O % NR == 0;
+  bool direct = false;  // the row kernels' stores take no residual: a res goes through tiles
+  if constexpr (aotc_conv_is_out<T, Epi>::value) direct = s.O % NR == 0 && epi.res == NULL;
   int64_t R = s.OW < AOTC_CONV_ROW_PIXELS ? AOTC_CONV_ROW_PIXELS / s.OW : 1;
   int64_t NB = direct ? s.O : aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
   auto ntasks = [&]() { return s.N * ((s.OH + R - 1) / R) * ((s.O + NB - 1) / NB); };
@@ -597,7 +607,7 @@ static int aotc_conv_check_nhwc(aotc_conv_shape s, bool nchw_input) {
 // aotc_conv_out (bias per image, clamp [0, 6]) against the same conv through a lambda epilogue that clamps
 // each value; the output channels-last. Integer data: equal results, whichever path (in place or tiles).
 template <int NV, int STEP = 0>
-static int aotc_conv_check_out(aotc_conv_shape s, bool nchw_input) {
+static int aotc_conv_check_out(aotc_conv_shape s, bool nchw_input, bool residual = false) {
   constexpr int NR = NV * AOTC_VBYTES / 4;
   const int64_t P = s.OH * s.OW, K = s.KH * s.KW * s.C, panels = (s.O + NR - 1) / NR;
   std::vector<float> x(s.N * s.C * s.H * s.W), wp(panels * K * NR, 0.0f), bias(s.N * s.O);
@@ -606,17 +616,20 @@ static int aotc_conv_check_out(aotc_conv_shape s, bool nchw_input) {
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = (float)((i * 5) % 9) - 4.0f;
   const aotc_conv_strides xs = nchw_input ? aotc_conv_strides{0, s.C * s.H * s.W, s.H * s.W, s.W, 1}
                                           : aotc_conv_strides{0, s.C * s.H * s.W, 1, s.W * s.C, s.C};
-  std::vector<float> want(s.N * P * s.O, -1.0f), got(want);
+  std::vector<float> want(s.N * P * s.O, -1.0f), got(want), res(want.size());
+  for (size_t i = 0; i < res.size(); ++i) res[i] = residual ? (float)((i * 11) % 7) - 3.0f : 0.0f;
   const aotc_conv_clamp<float> fin{bias.data(), s.O, 0.0f, 6.0f};
   aotc_conv2d_packed<float, NV, STEP>(s, x.data(), xs, wp.data(),
                                       [&](int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const float* t, int64_t ldt) {
                                         for (int64_t p = p0; p < p0 + pb; ++p)
                                           for (int64_t oc = o0; oc < o0 + ob; ++oc) {
-                                            const float v = t[(p - p0) * ldt + oc - o0] + bias[n * s.O + oc];
+                                            const float v = t[(p - p0) * ldt + oc - o0] + bias[n * s.O + oc] +
+                                                            res[(n * P + p) * s.O + oc];
                                             want[(n * P + p) * s.O + oc] = v < 0 ? 0 : (v > 6 ? 6 : v);
                                           }
                                       });
-  aotc_conv2d_packed<float, NV, STEP>(s, x.data(), xs, wp.data(), aotc_conv_out<float>{got.data(), fin, P, s.O});
+  aotc_conv2d_packed<float, NV, STEP>(s, x.data(), xs, wp.data(),
+                                      aotc_conv_out<float>{got.data(), fin, P, s.O, residual ? res.data() : NULL});
   int fails = 0;
   for (size_t i = 0; i < want.size(); ++i) fails += got[i] != want[i];
   return fails;
@@ -634,6 +647,7 @@ int main() {
   fails += aotc_conv_check_out<2, 24>({1, 24, 6, 31, 64, 3, 3, 3, 16, 2, 2, 1, 1, 1, 1, 1}, false);
   fails += aotc_conv_check_out<2, 6>({2, 3, 13, 30, 20, 3, 3, 7, 15, 2, 2, 1, 1, 1, 1, 1}, true);
   fails += aotc_conv_check_out<2>({1, 8, 5, 5, 40, 1, 1, 5, 5, 1, 1, 0, 0, 1, 1, 1}, false);
+  fails += aotc_conv_check_out<2, 24>({1, 24, 6, 31, 64, 3, 3, 3, 16, 2, 2, 1, 1, 1, 1, 1}, false, true);  // + a residual
   for (int nchw = 0; nchw < 2; ++nchw) {
     fails += aotc_conv_check_nhwc<1>({2, 6, 9, 11, 20, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);  // strided, padded
     fails += aotc_conv_check_nhwc<2>({2, 5, 9, 11, 40, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 1}, nchw);

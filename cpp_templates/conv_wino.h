@@ -201,16 +201,32 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
     T* out = ob;  // pixel (oh0 + r, ow) at out[(r * OW + ow) * nbp + :]
     const aotc_conv_clamp<T>* fin = NULL;
     const T* bias = NULL;
+    int64_t rd = 0;  // the residual's offset from the output, with one (each pixel is written once: it may be the output)
+    bool res = false;
     if constexpr (OUT) {
       if (direct) {  // nbp == O: the output's own layout
         out = epi.out + (n * epi.P + oh0 * OW) * s.O;
         fin = &epi.fin;
         bias = epi.fin.bias != NULL ? epi.fin.bias + n * epi.fin.bias_n : NULL;
+        res = epi.res != NULL;
+        rd = res ? (int64_t)(epi.res - epi.out) : 0;
       }
     }
     auto put = [&](T* at, V v, int64_t j) {  // j: the vector's first channel in the block
       if constexpr (OUT) {
-        if (fin != NULL) v = aotc_conv_vfin<T>(v, *fin, bias, j);
+        if (fin != NULL) {
+          if (bias != NULL) {
+            V b;
+            memcpy(&b, bias + j, sizeof(V));
+            v += b;
+          }
+          if (res) {
+            V r;
+            memcpy(&r, at + rd, sizeof(V));
+            v += r;
+          }
+          v = aotc_conv_vfin<T>(v, *fin, (const T*)NULL, 0);
+        }
       }
       memcpy(at, &v, sizeof(V));
     };
@@ -339,6 +355,16 @@ static int aotc_wino_selftest(int64_t N, int64_t H, int64_t W, int64_t O, int64_
   for (size_t i = 0; i < y.size(); ++i) {
     const float v = y[i] + bias[i / (size_t)(OH * OW * O) * (size_t)O + i % (size_t)O];
     wrong += z[i] != (v < -0.5f ? -0.5f : (v > 0.75f ? 0.75f : v));
+  }
+  // ... with a residual added before the clamp, in place (the residual is the output buffer itself)
+  std::vector<float> r(y.size());
+  for (auto& v : r) v = rnd();
+  std::vector<float> zr(r);
+  aotc_conv2d_wino<float, M, 1, C>(s, x.data(), aotc_conv_dense(s), wp.data(),
+                                   aotc_conv_out<float>{zr.data(), {bias.data(), O, -0.5f, 0.75f}, OH * OW, O, zr.data()});
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float v = (y[i] + bias[i / (size_t)(OH * OW * O) * (size_t)O + i % (size_t)O]) + r[i];
+    wrong += zr[i] != (v < -0.5f ? -0.5f : (v > 0.75f ? 0.75f : v));
   }
   if (wrong) printf("aotc_conv_out: %d outputs differ from the clamped tile\n", wrong);
   double worst = 0;

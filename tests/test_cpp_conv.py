@@ -66,18 +66,21 @@ class Stems(nn.Module):
     """Convs whose epilogue is a clamp and whose channels are whole weight panels (32: two on AVX2, one on
     AVX-512), so that the row kernel or Winograd's output transform writes their outputs from the registers
     (conv.h's aotc_conv_out): a MobileNetV2 stem over the NCHW input, a 3x3 at stride 1 with a folded
-    batch-norm and ReLU (Winograd), a strided 3x3 with a bias and ReLU, a strided 1x1 with none (its output
-    channels-last for the mean after it: the graph's NCHW output itself goes through tiles)."""
+    batch-norm and ReLU (Winograd), another with a skip connection before the ReLU (Winograd adds it), a
+    strided 3x3 with a bias and ReLU, a strided 1x1 with none (its output channels-last for the mean after
+    it: the graph's NCHW output itself goes through tiles)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1, bias=False), random_bn(32), nn.ReLU6())
         self.wino = nn.Sequential(nn.Conv2d(32, 32, 3, 1, 1, bias=False), random_bn(32), nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(32, 32, 3, 1, 1, bias=False), random_bn(32))
         self.down = nn.Sequential(nn.Conv2d(32, 32, 3, 2, 1), nn.ReLU())
         self.skip = nn.Conv2d(32, 64, 1, 2, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.skip(self.down(self.wino(self.stem(x)))).mean((2, 3))
+        y = self.wino(self.stem(x))
+        return self.skip(self.down(torch.relu(self.block(y) + y))).mean((2, 3))
 
 
 @pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
@@ -89,8 +92,8 @@ def test_register_epilogue_convs_match_eager(level: str, tmp_path: Path, aotc_ca
     pkg, src = tmp_path / "stems.pkg", tmp_path / "src"
     build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),)), aotc_cache, sources_dir=src)
     text = "".join(f.read_text() for f in src.rglob("*.cpp"))
-    assert text.count("aotc_conv_out<float>{") == 4, "every conv should write its output from the registers"
-    assert text.count("aotc_conv2d_wino<") == 1
+    assert text.count("aotc_conv_out<float>{") == 5, "every conv should write its output from the registers"
+    assert text.count("aotc_conv2d_wino<") == 2
     check_batches(aotc.load(pkg, device="cpu"), model, (3, 41, 37), atol=1e-5)
 
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
+import sympy
+
 from .. import kernel as K
 from ..ir import DType, Op
 from ..symbolic import to_c
@@ -112,9 +114,10 @@ class ConvEmitter:
         """conv.h's ``aotc_conv_out`` epilogue, when this packed fp32 conv stores its output dense channels-last
         as a clamp of the accumulator (a folded batch-norm, ReLU or ReLU6: cpp_block.py's ``clamp_of``) and its
         channels are whole weight panels: the row kernel (or Winograd's output transform, conv_wino.h) then
-        writes the output from its registers, with no tile and no epilogue pass. None for any other conv, and
-        for a 1x1 conv at stride 1 (conv.h runs it as a matmul over tiles, which the lambda's vectorised
-        epilogue serves better)."""
+        writes the output from its registers, with no tile and no epilogue pass; Winograd's also adds a skip
+        connection (``skip_connection``) before the clamp. None for any other conv, and for a 1x1 conv at
+        stride 1 (conv.h runs it as a matmul over tiles, which the lambda's vectorised epilogue serves
+        better)."""
         k = self.k
         assert isinstance(k, K.Conv)
         if not k.packed or k.x.dtype is not DType.f32 or k.w.dtype is not DType.f32:
@@ -122,11 +125,17 @@ class ConvEmitter:
         if k.kernel == (1, 1) and k.stride == (1, 1):
             return None
         weights = {b.name for b in self.prog.weights}
+        res = skip_connection(k, weights) if k.wino else None  # the row kernels' stores take none
+        if res is not None and self.ctx.dtypes[res[1]] is not DType.f32:
+            return None
+        if res is not None:
+            k = replace(k, stores=(res[0],))
         st = row_store(k, weights)
         clamp = clamp_of(st, weights) if st is not None else None
         if st is None or clamp is None or self.ctx.dtypes[st.buf] is not DType.f32 or k.c_out % int(k.w.strides[0]):
             return None
-        return f"aotc_conv_out<float>{{{self.ctx.bufs[st.buf]}, {clamp.c_init(self.ctx.bufs)}, aotc_s.OH * aotc_s.OW, aotc_s.O}}"
+        tail = f", {self.ctx.bufs[res[1]]}" if res is not None else ""
+        return f"aotc_conv_out<float>{{{self.ctx.bufs[st.buf]}, {clamp.c_init(self.ctx.bufs)}, aotc_s.OH * aotc_s.OW, aotc_s.O{tail}}}"
 
     def _conv_pool(self: _Host, at: str) -> None:
         """A conv with a max/min pool fused after it (cpp_pool.py, conv_pool.h): ``pre`` as a lambda of the
@@ -185,6 +194,39 @@ class ConvEmitter:
                 self._checked_epilogue(self._tile_nhwc)
         finally:
             self.w = self.vals.w = saved
+
+
+def skip_connection(k: K.Conv, weights: set[str]) -> tuple[K.Store, str] | None:
+    """A conv's one store whose value is a clamp (cpp_block.py's ``clamp_of`` forms) of ``x + r`` or ``r + x``,
+    ``r`` an fp32 activation read at the store's own index (a ResNet block's skip connection): the store
+    with ``r`` taken out, and r's buffer. The residual is added after ``x`` (the accumulator plus the bias)
+    as eager adds it, so taking it out and adding it back in the template rounds alike."""
+    if len(k.stores) != 1 or k.has_gather:
+        return None
+    st = k.stores[0]
+    wrappers: list[K.Binary | K.Unary] = []
+    v = st.value
+    while True:
+        if isinstance(v, K.Binary) and v.op in (Op.MIN, Op.MAX) and isinstance(v.b, K.Const):
+            wrappers.append(v)
+            v = v.a
+        elif isinstance(v, K.Unary) and v.op is Op.RELU:
+            wrappers.append(v)
+            v = v.x
+        else:
+            break
+    if not (isinstance(v, K.Binary) and v.op is Op.ADD):
+        return None
+    for r, x in ((v.a, v.b), (v.b, v.a)):
+        if (
+            isinstance(r, K.Load) and r.buf not in weights and r.dtype is DType.f32 and isinstance(r.index, K.Index)
+            and sympy.expand(sympy.sympify(r.index.expr) - sympy.sympify(st.index)) == 0
+        ):  # fmt: skip
+            inner: K.Value = x
+            for w in reversed(wrappers):
+                inner = replace(w, a=inner) if isinstance(w, K.Binary) else replace(w, x=inner)
+            return replace(st, value=inner), r.buf
+    return None
 
 
 def block_function(
