@@ -74,16 +74,32 @@ static inline V aotc_conv_vfin(V v, const aotc_conv_clamp<T>& f, const T* bias, 
   return ((v != v) | (v < hi)) ? v : hi;
 }
 
-// A row of NV accumulator vectors into c; with FIN through fin's clamp, ``bias`` at the row's first channel.
+// A row of NV accumulator vectors into c; with FIN through fin's clamp after adding ``bias`` (at the row's
+// first channel; NULL: none) and ``res`` (a residual laid out as c; NULL: none), in that order, as eager
+// adds a conv's bias and then a skip connection.
 template <class T, int NV, bool FIN, class V>
 static inline __attribute__((always_inline)) void aotc_conv_store(T* c, const V* acc, const aotc_conv_clamp<T>* fin,
-                                                                  const T* bias) {
-  constexpr int L = (int)(sizeof(V) / sizeof(T));
+                                                                  const T* bias, const T* res = NULL) {
+  if constexpr (!FIN) {
+    aotc_mm_store_row<T, NV>(c, acc);
+  } else {
+    constexpr int L = (int)(sizeof(V) / sizeof(T));
 #pragma GCC unroll 4
-  for (int j = 0; j < NV; ++j) {
-    V v = acc[j];
-    if constexpr (FIN) v = aotc_conv_vfin<T>(v, *fin, bias, j * L);
-    memcpy(c + j * L, &v, sizeof(V));
+    for (int j = 0; j < NV; ++j) {
+      V v = acc[j];
+      if (bias != NULL) {
+        V b;
+        memcpy(&b, bias + j * L, sizeof(V));
+        v += b;
+      }
+      if (res != NULL) {
+        V r;
+        memcpy(&r, res + j * L, sizeof(V));
+        v += r;
+      }
+      v = aotc_conv_vfin<T>(v, *fin, (const T*)NULL, 0);
+      memcpy(c + j * L, &v, sizeof(V));
+    }
   }
 }
 
@@ -143,9 +159,7 @@ static inline void aotc_conv_micro_part(int64_t taps, int64_t C, const T* const*
     }
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+  for (int i = 0; i < MR; ++i) aotc_mm_store_row<T, NV>(c + i * ldc, acc[i]);
 }
 
 // The whole panel of NV vectors, in passes of aotc_conv_split's width.

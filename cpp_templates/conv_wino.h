@@ -111,9 +111,7 @@ static inline void aotc_wino_micro_part(const T* a, const T* __restrict b, T* c,
     }
   }
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+  for (int i = 0; i < MR; ++i) aotc_mm_store_row<T, NV>(c + i * ldc, acc[i]);
 }
 
 template <class T, int MR, int NV, int CP, int C>
@@ -214,19 +212,8 @@ void aotc_conv2d_wino(const aotc_conv_shape& s, const SX* x, aotc_conv_strides x
     }
     auto put = [&](T* at, V v, int64_t j) {  // j: the vector's first channel in the block
       if constexpr (OUT) {
-        if (fin != NULL) {
-          if (bias != NULL) {
-            V b;
-            memcpy(&b, bias + j, sizeof(V));
-            v += b;
-          }
-          if (res) {
-            V r;
-            memcpy(&r, at + rd, sizeof(V));
-            v += r;
-          }
-          v = aotc_conv_vfin<T>(v, *fin, (const T*)NULL, 0);
-        }
+        if (fin != NULL)
+          return aotc_conv_store<T, 1, true>(at, &v, fin, bias != NULL ? bias + j : NULL, res ? at + rd : NULL);
       }
       memcpy(at, &v, sizeof(V));
     };

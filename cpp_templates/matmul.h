@@ -215,6 +215,15 @@ struct aotc_elem<aotc_f16_tag> {
 // spread too, one every up to AOTC_MM_PF_SPREAD steps: with few strips (the MLP's 64 rows: 6) one a step
 // still came in bursts, and weights cold in memory ran 64 x 4096 x 4096 at 118 GFLOP/s against 140 with
 // one every 4 (1 thread, CPU time; AVX2, at 100 GFLOP/s, needs half the bandwidth and did not move).
+// Row i of a register block: its NV accumulator vectors into c (the micro-kernels' last step: matmul's,
+// conv_kernels.h's and conv_wino.h's).
+template <class T, int NV, class V>
+static inline __attribute__((always_inline)) void aotc_mm_store_row(T* c, const V* acc) {
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) memcpy(c + j * L, &acc[j], sizeof(V));
+}
+
 template <class T, int MR, int R, int NV>
 static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
                                  int64_t ldc, bool accumulate, const T* pf = NULL, int64_t pfk = 0) {
@@ -264,9 +273,7 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
     }
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) memcpy(c + i * ldc + j * L, &acc[i][j], sizeof(V));
+  for (int i = 0; i < R; ++i) aotc_mm_store_row<T, NV>(c + i * ldc, acc[i]);
 }
 
 // The micro-kernel for the last ``rows`` (< MR) rows of a block: no work on the padding rows.

@@ -126,9 +126,9 @@ class ConvEmitter:
             return None
         weights = {b.name for b in self.prog.weights}
         res = skip_connection(k, weights) if k.wino else None  # the row kernels' stores take none
-        if res is not None and self.ctx.dtypes[res[1]] is not DType.f32:
-            return None
         if res is not None:
+            if self.ctx.dtypes[res[1]] is not DType.f32:
+                return None
             k = replace(k, stores=(res[0],))
         st = row_store(k, weights)
         clamp = clamp_of(st, weights) if st is not None else None
