@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from aotc.package import aligned_empty
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "benchmarks" / "matmul_ab.cpp"
@@ -148,7 +149,9 @@ def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, torch_tids: np.ndarray
     packs: list[np.ndarray] = []  # alive while the calls run
     for name, lib in libs.items():
         nr = lib.ab_nr()
-        packed = np.empty((-(-n // nr), k, nr), np.float32)
+        # 64-byte aligned as a package's weights are (numpy's large arrays sit 16 bytes past a page, and
+        # every vector load of a panel row would then straddle two cache lines)
+        packed = aligned_empty(-(-n // nr) * k * nr * 4).view(np.float32).reshape(-(-n // nr), k, nr)
         packs.append(packed)
         lib.ab_pack(k, n, w.ctypes.data, packed.ctypes.data)
         outs[name] = out = np.empty((m, n), np.float32)
