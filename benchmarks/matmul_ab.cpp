@@ -9,7 +9,7 @@
 #define AB_EXPORT extern "C" __attribute__((visibility("default")))
 
 AB_EXPORT int ab_nr(void) { return AOTC_MM_NR_F32; }
-AB_EXPORT int ab_mr(void) { return AOTC_MM_MR; }
+AB_EXPORT int ab_mr(void) { return aotc_mm_tiles<AOTC_MM_NV>::MR; }
 AB_EXPORT int ab_kc(void) { return AOTC_MM_KC; }
 
 // bp = pack(w[K, N]) into [ceil(N / NR)][K][NR], zero past N.
@@ -130,7 +130,7 @@ AB_EXPORT double ab_mm(int64_t M, int64_t N, int64_t K, const float* a, const fl
 // the A strips taken in turn from ``strips`` of them (1: in L1 too; 24 at kc = 192: 216 KiB, from L2, as
 // in a real call). Returns GFLOP/s.
 AB_EXPORT double ab_micro(int64_t kc, int64_t reps, int64_t strips) {
-  constexpr int MR = AOTC_MM_MR, NV = AOTC_MM_NV, NR = AOTC_MM_NR_F32;
+  constexpr int MR = aotc_mm_tiles<AOTC_MM_NV>::MR, NV = AOTC_MM_NV, NR = AOTC_MM_NR_F32;
   float* ap = static_cast<float*>(aligned_alloc(64, sizeof(float) * MR * kc * strips + 64));
   float* bp = static_cast<float*>(aligned_alloc(64, sizeof(float) * NR * kc + 64));
   alignas(64) float c[MR * NR];

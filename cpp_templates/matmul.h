@@ -114,8 +114,29 @@
 #ifndef AOTC_MM_MR
 #define AOTC_MM_MR AOTC_MM_MR_DEFAULT
 #endif
-#define AOTC_MM_NV 2                                  // vectors per micro-kernel row
-#define AOTC_MM_NR_F32 (AOTC_MM_NV * AOTC_VBYTES / 4)  // panel width of packed fp32 weights (cpp_pack.py)
+#ifndef AOTC_MM_NV
+#define AOTC_MM_NV 2  // vectors per micro-kernel row: the default block, MR x 2
+#endif
+#define AOTC_MM_NR_F32 (AOTC_MM_NV * AOTC_VBYTES / 4)  // panel width of the default block's packed weights
+// The wide block, 8 x 3 vectors (AVX-512): 11 loads per 24 FMAs where 12 x 2 has 14. Build-time packed
+// weights of matmuls with many rows take it (cpp_pack.py: matmul_panel), in panels of 48 columns.
+// Note (measured, benchmarks/cpu_matmul_ab.py): on the Xeon 512 x 3072 x 768 and 2048^3 +3-6% on 2
+// threads, 64 rows -3% (fewer, ragged column tasks); on Zen 4, whose 12 x 2 block already runs at its FMA
+// peak, 128-512 rows +0-4%, 64 rows -3-4%, N = 256 -4-11% (5.3 panels).
+#ifndef AOTC_MM_MR3
+#define AOTC_MM_MR3 (AOTC_VBYTES == 64 ? 8 : 4)
+#endif
+#ifndef AOTC_MM_NB3
+#define AOTC_MM_NB3 (AOTC_VBYTES == 64 ? 480 : 384)  // AOTC_MM_NB for the wide block: a multiple of 3 vectors
+#endif
+
+// The rows and the widest columns of a task for a block of NV vectors: MR x NV accumulators.
+template <int NV>
+struct aotc_mm_tiles {
+  static_assert(NV == 2 || NV == 3, "the matmul micro-kernel comes in blocks of 2 or 3 vectors a row");
+  static constexpr int MR = NV == 2 ? AOTC_MM_MR : AOTC_MM_MR3;
+  static constexpr int NB = NV == 2 ? AOTC_MM_NB : AOTC_MM_NB3;
+};
 
 typedef float aotc_vf32 __attribute__((vector_size(AOTC_VBYTES)));
 typedef double aotc_vf64 __attribute__((vector_size(AOTC_VBYTES)));
@@ -513,13 +534,13 @@ static inline int aotc_mm_threads(double flops, int64_t tasks) {
   return n > 1 ? n : 1;
 }
 
-template <class T, class SA, class OffA, class BSrc, class Epi>
+template <class T, int NV, class SA, class OffA, class BSrc, class Epi>
 static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const SA* a, OffA offa, int64_t sam,
                           int64_t sak, const BSrc& bsrc, Epi epi) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int MR = AOTC_MM_MR, NV = AOTC_MM_NV, NR = NV * L;
-  static_assert(AOTC_MM_MB % MR == 0 && AOTC_MM_NB % NR == 0, "tile sizes must be multiples of MR, NR");
+  constexpr int MR = aotc_mm_tiles<NV>::MR, NR = NV * L, NBMAX = aotc_mm_tiles<NV>::NB;
+  static_assert(AOTC_MM_MB % MR == 0 && NBMAX % NR == 0, "tile sizes must be multiples of MR, NR");
   if (batch <= 0 || M <= 0 || N <= 0) return;
   const int64_t KC = K <= AOTC_MM_KC_ONE ? (K > 0 ? K : 1) : AOTC_MM_KC;
   // Work in flops, plus the weight stream: few rows (a GEMV, MobileNet's classifier at batch 1) read every
@@ -554,7 +575,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
     mblocks = (M + mb - 1) / mb;
   }
   const int64_t MB = aotc_roundup((M + mblocks - 1) / mblocks, MR);
-  int64_t NB = row_tasks ? aotc_roundup(N, NR) : aotc_mm_min(aotc_roundup(N, NR), AOTC_MM_NB);
+  int64_t NB = row_tasks ? aotc_roundup(N, NR) : aotc_mm_min(aotc_roundup(N, NR), (int64_t)NBMAX);
   while (!row_tasks && NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
   // Note (big A): a task walks K in slices, each slice of its A block against each of its panels, so every
   // task reads all of its A block once. Past AOTC_MM_A_L2 (GPT-2's fc-proj, 128 x 768 x 3072: 1.6 MiB) the
@@ -707,23 +728,26 @@ template <class T, class SA, class SB, class OffA, class OffB, class Epi>
 void aotc_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, const SA* a, OffA offa, int64_t sam,
                  int64_t sak, const SB* b, OffB offb, int64_t sbk, int64_t sbn, Epi epi) {
   const aotc_mm_bstrided<T, SB, OffB> bsrc{b, offb, sbk, sbn};
-  aotc_mm_drive<T>(batch, M, N, K, a, offa, sam, sak, bsrc, epi);
+  aotc_mm_drive<T, AOTC_MM_NV>(batch, M, N, K, a, offa, sam, sak, bsrc, epi);
 }
 
-// The batched matmul with a build-time packed B (the same for every batch): ``bp`` is [ceil(N/NR)][K][NR].
-template <class T, class SA, class OffA, class Epi>
+// The batched matmul with a build-time packed B (the same for every batch): ``bp`` is [ceil(N/NR)][K][NR],
+// NR = NV vectors (the block the packing chose: aotc_mm_tiles).
+template <class T, int NV = AOTC_MM_NV, class SA, class OffA, class Epi>
 void aotc_matmul_packed(int64_t batch, int64_t M, int64_t N, int64_t K, const SA* a, OffA offa, int64_t sam,
                         int64_t sak, const T* bp, Epi epi) {
   const aotc_mm_bpacked<T> bsrc{bp, K};
-  aotc_mm_drive<T>(batch, M, N, K, a, offa, sam, sak, bsrc, epi);
+  aotc_mm_drive<T, NV>(batch, M, N, K, a, offa, sam, sak, bsrc, epi);
 }
 
 #ifdef AOTC_SELFTEST_MATMUL
 #include <vector>
 // C[batch, M, N] = A[batch][M, K] @ B, both strided and with B packed (the same B for every batch), on
 // small integers (exact in fp32), at sizes that are no multiple of the blocks.
+// The packed B in panels of NV vectors.
+template <int NV = AOTC_MM_NV>
 static int aotc_mm_check(int64_t batch, int64_t M, int64_t N, int64_t K) {
-  const int64_t NR = AOTC_MM_NR_F32, P = (N + NR - 1) / NR;
+  const int64_t NR = NV * AOTC_VBYTES / 4, P = (N + NR - 1) / NR;
   std::vector<float> a(batch * M * K), b(N * K), bp(P * K * NR, 0.0f), c(batch * M * N, -1.0f), d(c);
   for (size_t i = 0; i < a.size(); ++i) a[i] = (float)((i * 7) % 13) - 6.0f;
   for (size_t i = 0; i < b.size(); ++i) b[i] = (float)((i * 5) % 11) - 5.0f;
@@ -738,7 +762,7 @@ static int aotc_mm_check(int64_t batch, int64_t M, int64_t N, int64_t K) {
   auto offa = [&](int64_t bi) { return bi * M * K; };
   aotc_matmul<float>(batch, M, N, K, a.data(), offa, K, 1, b.data(), [](int64_t) { return (int64_t)0; }, 1, K,
                      into(c));
-  aotc_matmul_packed<float>(batch, M, N, K, a.data(), offa, K, 1, bp.data(), into(d));
+  aotc_matmul_packed<float, NV>(batch, M, N, K, a.data(), offa, K, 1, bp.data(), into(d));
   int fails = 0;
   for (int64_t bi = 0; bi < batch; ++bi)
     for (int64_t m = 0; m < M; ++m)
@@ -762,6 +786,11 @@ int main() {
   fails += aotc_mm_check(1, 64, 1, 500);       // one column, rows 4 x 12 + 8 + 8 on AVX-512
   fails += aotc_mm_check(1, 37, 200, 7300);    // one row block of A past AOTC_MM_A_L2, N ragged: wide tasks
   fails += aotc_mm_check(1, 401, 200, 2000);   // three row blocks, each past AOTC_MM_A_L2: wide tasks too
+  // The wide block: ragged strips and panels, row tasks, big A, several tiles.
+  for (int64_t m = 1; m <= 2 * AOTC_MM_MR3 + 1; ++m) fails += aotc_mm_check<3>(1, m, 3 * AOTC_MM_NR_F32 + 5, 9);
+  fails += aotc_mm_check<3>(2, 301, 70, 300);
+  fails += aotc_mm_check<3>(1, 401, 200, 2000);
+  fails += aotc_mm_check<3>(3, 130, 1000, 40);
 #pragma omp parallel num_threads(2) reduction(+ : fails)
   fails += aotc_mm_check(2, 19, 40, 50);  // nested in a caller's parallel region: private workspaces
   return fails != 0;

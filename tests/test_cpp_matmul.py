@@ -19,7 +19,7 @@ import sympy
 from aotc.cpu_features import cpu_flags
 from aotc_build import kernel as K
 from aotc_build.codegen.cpp import generate
-from aotc_build.codegen.cpp_pack import PANEL, pack_array, pack_plan
+from aotc_build.codegen.cpp_pack import PANEL, matmul_panel, pack_array, pack_plan
 from aotc_build.compile import compile_cpp
 from aotc_build.ir import DType, Op
 from aotc_build.kernel_interp import eval_index, run_program
@@ -74,6 +74,9 @@ PROGS = {
     # rows 16, 80, 592: a last strip under MR / 2 rows shares with the one before (aotc_mm_strip); K over
     # two KC slices with a rest; B walked panel by panel down K (panel_outer), A packed once per block
     "skinny_rows": (_linear("skinny_rows", 16 * S0, 100, 520, True, "bias,relu"), 2e-4),
+    # 129+ rows and N = 94 (two panels of 48, three of 32): the wide 8 x 3 block on AVX-512 (matmul_panel),
+    # its last strip one row, its last panel ragged, K over two KC slices
+    "wide_block": (_linear("wide_block", 129 * S0, 94, 300, True, "bias,residual"), 2e-4),
 }
 TRIALS = (1, 5, 37)  # s0
 
@@ -106,12 +109,28 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 def test_every_weight_matmul_is_packed() -> None:
     for name, (prog, _) in PROGS.items():
-        for level, nr in PANEL.items():
+        for level, default in PANEL.items():
+            nr = 48 if name == "wide_block" and level == "x86-64-v4" else default
             packed, packs = pack_plan(prog, level)
             assert len(packs) == 1 and all(isinstance(k, K.Matmul) and k.packed for k in packed.kernels), name
-            assert packed.weights[-1].shape == packs[0].shape and packs[0].nr == nr
+            assert packed.weights[-1].shape == packs[0].shape and packs[0].nr == nr, (name, level)
             assert packed.labels[packs[0].name] == f"w.packed{nr}"
-            assert f"static_assert(AOTC_MM_NR_F32 == {nr}" in generate(packed, BuildOptions(targets=(Target("cpu", level),)))
+            src = generate(packed, BuildOptions(targets=(Target("cpu", level),)))
+            assert f"aotc_matmul_packed<float, {nr} * 4 / AOTC_VBYTES>" in src
+
+
+def test_wide_panel_rule() -> None:
+    """The 48-column panel on AVX-512 for 128 rows or more at the example sizes, where its padding costs at
+    most 1% more than 32 columns'; 32 otherwise, and always below AVX-512."""
+    mm = _linear("t", 2 * S0, 768, 64, True, "").kernels[0]
+    assert isinstance(mm, K.Matmul)
+    assert matmul_panel(mm, 768, "x86-64-v4", {"s0": 64}) == 48
+    assert matmul_panel(mm, 768, "x86-64-v4", {"s0": 63}) == 32  # 126 rows
+    assert matmul_panel(mm, 768, "x86-64-v3", {"s0": 64}) == 16
+    assert matmul_panel(mm, 2048, "x86-64-v4", {"s0": 64}) == 48  # 43 panels, 0.8% padding
+    assert matmul_panel(mm, 1024, "x86-64-v4", {"s0": 64}) == 32  # 22 panels would pad 3%
+    assert matmul_panel(mm, 256, "x86-64-v4", {"s0": 64}) == 32
+    assert matmul_panel(mm, 768, "x86-64-v4", {}) == 32  # rows unknown
 
 
 def test_pack_array_layout() -> None:
@@ -188,7 +207,7 @@ def test_wide_a_matches_torch(level: str, wide: dict[str, Lib]) -> None:
 
 @pytest.mark.skipif(not LEVELS, reason="needs AVX2")
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("name", ["wide_a", "odd_bias", "skinny_rows", "batched"])
+@pytest.mark.parametrize("name", ["wide_a", "odd_bias", "skinny_rows", "batched", "wide_block"])
 def test_thread_count_changes_nothing(name: str, level: str, built: dict[tuple[str, str, bool], Lib], wide: dict[str, Lib]) -> None:
     """Every output bit alike on 1, 2 and 3 threads: tiles and tasks follow the thread count, the order of
     each output's sum does not."""

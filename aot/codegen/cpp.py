@@ -243,8 +243,12 @@ class KernelWriter(ReduceEmitter, ConvEmitter):
         self.w.line("[[maybe_unused]] int64_t aotc_bad_epi = 0;")
         if k.packed:  # b: panels packed at build time (codegen/cpp_pack.py) for this level's micro-kernel
             nr = to_c(b.strides[0])
-            self.w.line(f'static_assert(AOTC_MM_NR_F32 == {nr}, "weights packed for another panel width");')
-        self.w.line(f"aotc_matmul{'_packed' if k.packed else ''}<{at}>({self._work(sizes)}, aotc_M, aotc_N, aotc_K,")
+            ok = f"{nr} * 4 == 2 * AOTC_VBYTES || {nr} * 4 == 3 * AOTC_VBYTES"
+            self.w.line(f'static_assert({ok}, "weights packed for another panel width");')
+            call = f"aotc_matmul_packed<{at}, {nr} * 4 / AOTC_VBYTES>"
+        else:
+            call = f"aotc_matmul<{at}>"
+        self.w.line(f"{call}({self._work(sizes)}, aotc_M, aotc_N, aotc_K,")
         with self.w.indent(2):  # the template's arguments continue its call
             self.w.line(f"{operand_ptr(self.ctx.bufs[a.buf], a.dtype)}, {self._offset_fn(a.offset, sizes)},")
             self.w.line(f"{to_c(a.strides[0])}, {to_c(a.strides[1])},")

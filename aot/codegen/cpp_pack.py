@@ -11,10 +11,11 @@ What it is not: a layout pass for activations (they stream), nor anything a CUDA
 with CPU targets only leaves out the original of a weight that only packed matmuls read (``packed_only``).
 
 Note: the panel is [ceil(N / NR)][K][NR] in fp32 (a bf16/f16 weight is widened once here rather than on
-every call), zero past N, with NR = AOTC_MM_NR_F32 of the level's vector width; the generated code
-static_asserts that its header agrees. A conv's weight is the B operand of an implicit GEMM, K = (kh, kw,
-c) and N = output channels, packed the same way with a panel of one vector when the conv has at most one
-vector of output channels (a ResNet stem's 16 channels would waste half of a two-vector panel), else two.
+every call), zero past N, with NR two vectors of the level's width, or three (AVX-512, many rows:
+``matmul_panel``); the generated code static_asserts that its header agrees. A conv's weight is the B
+operand of an implicit GEMM, K = (kh, kw, c) and N = output channels, packed the same way with a panel of
+one vector when the conv has at most one vector of output channels (a ResNet stem's 16 channels would
+waste half of a two-vector panel), else two.
 """
 
 from __future__ import annotations
@@ -119,6 +120,28 @@ def _packable(k: K.Kernel, weights: set[str]) -> tuple[int, int, int, int, int] 
     return offset, sk, sn, kk, n
 
 
+WIDE_PANEL = {"x86-64-v4": 48}  # the wide block's panel (matmul.h: aotc_mm_tiles<3>), where it pays
+WIDE_MIN_ROWS = 128
+
+
+def matmul_panel(k: K.Matmul, n: int, level: str, symbols: dict[str, int]) -> int:
+    """The panel width of a packed matmul weight with ``n`` columns: the wide block's when the matmul has
+    WIDE_MIN_ROWS rows or more (at the example sizes, ``symbols``) and 48-column panels waste at most 1%
+    more than the default's, else the level's default (see the Note in matmul.h at aotc_mm_tiles)."""
+    nr, wide = PANEL[level], WIDE_PANEL.get(level)
+    if wide is None:
+        return nr
+    rows = sympy.Mul(k.m, *k.batch)
+    rows = rows.subs({x: symbols[x.name] for x in rows.free_symbols if x.name in symbols})
+    if not rows.is_Integer or int(rows) < WIDE_MIN_ROWS:
+        return nr
+
+    def padded(w: int) -> float:
+        return -(-n // w) * w / n
+
+    return wide if padded(wide) <= padded(nr) + 0.01 else nr
+
+
 def conv_panel(k: K.Conv, level: str) -> int:
     """The panel width of a packed conv weight: one vector, or two when there are more output channels."""
     vec = PANEL[level] // 2
@@ -141,7 +164,7 @@ def _conv_packable(k: K.Kernel, weights: set[str]) -> tuple[int, int, tuple[tupl
 def pack_plan(plan: K.Plan, level: str, winograd: bool = True) -> tuple[K.Plan, list[Packing]]:
     """``plan`` with weight matmuls reading packed weights (appended to its weights), and the packings; with
     ``winograd`` False every conv keeps the direct kernel (BuildOptions.winograd)."""
-    nr = PANEL[level]
+    examples = {s.name: s.example if s.example is not None else s.min for s in plan.symbols}
     names = {b.name for b in plan.weights}
     taken = {b.name for b in (*plan.inputs, *plan.outputs, *plan.weights, *plan.arena)}
     labels_taken = set(plan.labels.values())
@@ -165,6 +188,7 @@ def pack_plan(plan: K.Plan, level: str, winograd: bool = True) -> tuple[K.Plan, 
         view = _packable(k, names)
         cview = _conv_packable(k, names)
         if isinstance(k, K.Matmul) and view is not None:
+            nr = matmul_panel(k, view[4], level, examples)
             p = packing((k.b.buf, *view, nr), Packing("", k.b.buf, *view, nr))
             b = K.Strided(p.name, sympy.Integer(0), (sympy.Integer(nr), sympy.Integer(1)), DType.f32)
             kernels.append(replace(k, b=b, packed=True))

@@ -10,8 +10,8 @@ static void aotc_k_odd_bias([[maybe_unused]] const int64_t s0, const float* p_x,
   const int64_t aotc_N = 45;
   const int64_t aotc_K = 300;
   [[maybe_unused]] int64_t aotc_bad_epi = 0;
-  static_assert(AOTC_MM_NR_F32 == 32, "weights packed for another panel width");
-  aotc_matmul_packed<float>(1, aotc_M, aotc_N, aotc_K,
+  static_assert(32 * 4 == 2 * AOTC_VBYTES || 32 * 4 == 3 * AOTC_VBYTES, "weights packed for another panel width");
+  aotc_matmul_packed<float, 32 * 4 / AOTC_VBYTES>(1, aotc_M, aotc_N, aotc_K,
       p_x, [](int64_t) -> int64_t { return 0; },
       300, 1,
       p_w_packed,
