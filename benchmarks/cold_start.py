@@ -1,7 +1,7 @@
 """Cold start of a CPU package: new process -> import numpy, aotc -> load -> first output, idle and with one busy core.
 
     python benchmarks/cold_start.py PKG [--runs 11] [--aotc-first] [--stages] [--baseline PYTHON:PKG]
-                                        [--env KEY=VAL ...] [--out FILE.json]
+                                        [--env KEY=VAL ...] [--floor] [--out FILE.json]
 
 Each run is a fresh interpreter that times itself from before ``import numpy`` to the first output (the
 figure benchmarks/cpu_side_by_side.py reports as ``import_to_output_s``) and each phase on the way: numpy,
@@ -15,7 +15,9 @@ it built), interleaved run by run with this one, so both see the same load (in b
 shim, AOTC_WORKTREE=DIR picks the runtime: ``git archive BASE | tar -x -C DIR``, then
 ``--baseline "$(which python):PKG" --baseline-env AOTC_WORKTREE=DIR``). ``--stages`` splits this
 runtime's load into its steps (map and start hashing, imports, manifest, hashes checked, dlopen).
-``--env KEY=VAL`` adds a side:
+``--floor`` adds the CPU seconds of the parts no order or thread count removes, each timed alone (numpy's
+import, sha256 of the package, mapping its pages, the first call's flops) and their sum over the cores the
+busy runs got: the shortest busy cold start this machine allows. ``--env KEY=VAL`` adds a side:
 this runtime with those variables set (e.g. OPENBLAS_NUM_THREADS=1: numpy's OpenBLAS then starts no
 worker thread at import, a thread that spins for ~0.1 s and costs the import 30-80 ms on 2 cores; aotc
 never calls numpy's BLAS). The busy process is
@@ -138,6 +140,42 @@ mark("numpy_while_hashing")
 """ + _CHECK_TO_CALLS
 
 
+# --floor: what every cold start pays in CPU whatever the order or the threads, each part alone.
+NUMPY_CPU = """
+import os, time
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as aotc.load imports it: OpenBLAS's workers quiet
+t = time.process_time()
+import numpy
+print(time.process_time() - t)
+"""
+
+
+def floor(pkg: Path, runs: int) -> dict[str, float]:
+    """CPU seconds of the parts of a cold start that are not aotc's to cut: numpy's import (median of fresh
+    processes), sha256 of the package's bytes from memory (the hard rule; best of 5) and mapping its pages
+    (MAP_POPULATE, what the hashing's reads and the kernels' loads need at least once; best of 5)."""
+    import hashlib
+    import mmap
+
+    numpy_s = statistics.median(
+        float(subprocess.run([sys.executable, "-c", NUMPY_CPU], capture_output=True, text=True, check=True).stdout)
+        for _ in range(runs)
+    )
+    data = pkg.read_bytes()
+    sha, mapped = [], []
+    with open(pkg, "rb") as f:
+        for _ in range(5):
+            t = time.process_time()
+            hashlib.sha256(data).digest()
+            sha.append(time.process_time() - t)
+            t = time.process_time()
+            m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+            mapped.append(time.process_time() - t)
+            m.close()
+    return {"numpy_import_cpu_s": round(numpy_s, 4), "sha256_cpu_s": round(min(sha), 4),
+            "map_pages_cpu_s": round(min(mapped), 4), "bytes": len(data)}  # fmt: skip
+
+
 def run_once(python: str, pkg: str, env: dict[str, str] | None = None, child: str = CHILD) -> dict[str, list[float]]:
     t = time.perf_counter()
     r = subprocess.run([python, "-c", child, pkg], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
@@ -161,6 +199,7 @@ def main() -> None:
     ap.add_argument("--env", action="append", default=[], help="KEY=VAL: also time this runtime with these variables set")
     ap.add_argument("--stages", action="store_true", help="time this runtime's aotc.load step by step (the hashing's overlap)")
     ap.add_argument("--aotc-first", action="store_true", help="also time a child that calls aotc.load before it imports numpy")
+    ap.add_argument("--floor", action="store_true", help="also time the parts no order or thread count removes")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     # What `pip install` does: byte-compile the runtime (an editable install under PYTHONDONTWRITEBYTECODE
@@ -197,6 +236,16 @@ def main() -> None:
                     got[k].append(run_once(python, pkg, env_k, child))
         doc[state] = {k: medians(v) for k, v in got.items()}
         print(state, json.dumps({k: v["import_to_output"] for k, v in doc[state].items()}), flush=True)
+    if args.floor:
+        # The first call's CPU (its flops) under the busy core, and the cores the process got there.
+        part = floor(args.pkg, args.runs)
+        busy = doc["one_core_busy"]["this"]
+        part["first_call_cpu_s"] = busy["first_call"]["cpu_s"]
+        total = part["numpy_import_cpu_s"] + part["sha256_cpu_s"] + part["map_pages_cpu_s"] + part["first_call_cpu_s"]
+        cores = busy["import_to_output"]["cpu_s"] / busy["import_to_output"]["wall_s"]
+        doc["floor"] = {**part, "sum_cpu_s": round(total, 4), "busy_cores_got": round(cores, 2),
+                        "busy_floor_wall_s": round(total / cores, 4)}  # fmt: skip
+        print("floor", json.dumps(doc["floor"]), flush=True)
     doc["loadavg_end"] = os.getloadavg()
     print(json.dumps(doc, indent=1))
     if args.out:
