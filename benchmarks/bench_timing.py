@@ -29,10 +29,23 @@ def median_ms(fn: Callable[[], object], *, repeats: int, calls: int | None = Non
     return statistics.median(reps)
 
 
+BURSTS = """
+import sys, time
+on, period = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < on:
+        pass
+    time.sleep(period - on)
+"""
+
+
 @contextlib.contextmanager
-def busy_core() -> Iterator[None]:
-    """One other process spinning on a core for the length of the block (a neighbour on a shared machine)."""
-    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+def busy_core(bursts: tuple[float, float] | None = None) -> Iterator[None]:
+    """One other process spinning on a core for the length of the block (a neighbour on a shared machine);
+    with ``bursts`` (on, period) in ms, it spins ``on`` ms of every ``period``."""
+    cmd = [sys.executable, "-c", BURSTS, *map(str, bursts)] if bursts else [sys.executable, "-c", "while True: pass"]
+    p = subprocess.Popen(cmd)
     try:
         time.sleep(0.2)
         yield

@@ -2,7 +2,8 @@
 
     python benchmarks/cpu_contention.py [--models mlp_small,mlp,cnn,bert,mobilenet,gpt2_1,gpt2_4]
                                         [--target cpu:native] [--pkg-dir DIR] [--calls 15] [--rounds 3]
-                                        [--neighbour] [--baseline DIR] [--build-only] [--out FILE.json]
+                                        [--neighbour] [--bursts ON:PERIOD] [--baseline DIR] [--build-only]
+                                        [--out FILE.json]
 
 Edge servers run other processes too: a call that splits its work over two threads must not become
 slower than one thread when one of the cores is taken, and the policy that notices it (cpp_templates/
@@ -11,7 +12,9 @@ models of cpu_side_by_side.py, plus ``mlp_small``: examples/mlp.py at 1x256, whe
 a call against 1.4 on one), loads it three times and times, interleaved:
   idle:          ``auto`` (the default: every core, the adaptive policy on), ``fixed2`` (exactly 2 threads,
                  no policy: the raw mechanism), ``1`` (one thread);
-  one core busy: ``auto`` and ``1``, while another process spins (bench_timing.busy_core).
+  one core busy: ``auto`` and ``1``, while another process spins (bench_timing.busy_core);
+  --bursts ON:PERIOD: all three while the other process spins ON ms of every PERIOD ms (a neighbour
+                 that comes and goes: auto should stay near fixed2 there, not fall to one thread's time).
 --neighbour adds an ONNX Runtime session of the same model (its own threads, as many as the cores) to the same
 process, called before each aotc variant in every round: its threads spin for ~20 ms after its calls, the
 situation of cpu_side_by_side.py, where the policy must not mistake them for a busy core; ``ort`` is timed too.
@@ -114,7 +117,8 @@ def _rounds(fns: dict[str, Callable[[], object]], models: dict, calls: int, roun
     return out
 
 
-def bench(key: str, pkg_dir: Path, target: str, calls: int, rounds: int, neighbour: bool, baseline: Path | None) -> dict:
+def bench(key: str, pkg_dir: Path, target: str, calls: int, rounds: int, neighbour: bool, baseline: Path | None,
+          bursts: tuple[float, float] | None = None) -> dict:  # fmt: skip
     title, make, inputs = ALL[key]
     torch.manual_seed(1)
     xt = inputs()
@@ -135,6 +139,10 @@ def bench(key: str, pkg_dir: Path, target: str, calls: int, rounds: int, neighbo
     busy = {k: v for k, v in fns.items() if k in BUSY or k.startswith("base_")}
     with busy_core():
         row["one_core_busy"] = _rounds(busy, {k: m for k, m in models.items() if k in busy}, calls, rounds, before)
+    if bursts is not None:
+        with busy_core(bursts):
+            row["bursts"] = _rounds(fns, models, calls, rounds, before)
+        row["bursts_auto_over_fixed2"] = round(row["bursts"]["ms"]["auto"] / row["bursts"]["ms"]["fixed2"], 3)
     idle_ms, busy_ms = row["idle"]["ms"], row["one_core_busy"]["ms"]
     row["idle_auto_over_fixed2"] = round(idle_ms["auto"] / idle_ms["fixed2"], 3)
     row["busy_auto_over_1"] = round(busy_ms["auto"] / busy_ms["1"], 3)
@@ -149,6 +157,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--neighbour", action="store_true", help="an ONNX Runtime session in the process, called before each variant")
+    ap.add_argument("--bursts", default=None, metavar="ON:PERIOD",
+                    help="also time every variant while a process spins ON ms of every PERIOD ms (e.g. 5:20)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="JSON (default: benchmarks/results/cpu_contention_<date>.json)")
     ap.add_argument("--baseline", type=Path, default=None, help="also time the packages here (an older aotc's, --build-only) as base_auto")
     ap.add_argument("--build-only", action="store_true", help="build the packages into --pkg-dir and stop")
@@ -168,18 +178,24 @@ def main() -> None:
         "method": f"median of {args.calls} calls, best of {args.rounds} interleaved rounds; ms",
         "loadavg_start": os.getloadavg(), "rows": [],
     }  # fmt: skip
+    on, _, period = (args.bursts or "").partition(":")
+    bursts = (float(on), float(period)) if args.bursts else None
+    doc["bursts_ms"] = bursts
     for key in keys:
-        row = bench(key, args.pkg_dir, args.target, args.calls, args.rounds, args.neighbour, args.baseline)
+        row = bench(key, args.pkg_dir, args.target, args.calls, args.rounds, args.neighbour, args.baseline, bursts)
         doc["rows"].append(row)
         print(json.dumps(row), flush=True)
     doc["loadavg_end"] = os.getloadavg()
     out = args.out or ROOT / "benchmarks" / "results" / f"cpu_contention_{doc['date'][:10]}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    cols = [("idle", n) for n in doc["rows"][0]["idle"]["ms"]] + [("one_core_busy", n) for n in doc["rows"][0]["one_core_busy"]["ms"]]
-    print(f"\n{'model':10s} " + " ".join(f"{s[:4] + ' ' + n:>14s}" for s, n in cols) + "  auto/fixed2  busy auto/1")
+    states = ("idle", "one_core_busy", "bursts") if bursts else ("idle", "one_core_busy")
+    cols = [(s, n) for s in states for n in doc["rows"][0][s]["ms"]]
+    extra = "  bursts auto/fixed2" if bursts else ""
+    print(f"\n{'model':10s} " + " ".join(f"{s[:4] + ' ' + n:>14s}" for s, n in cols) + "  auto/fixed2  busy auto/1" + extra)
     for r in doc["rows"]:
         cells = " ".join(f"{r[s]['ms'].get(n, float('nan')):14.2f}" for s, n in cols)
-        print(f"{r['model']:10s} {cells} {r['idle_auto_over_fixed2']:12.3f} {r['busy_auto_over_1']:12.3f}")
+        tail = f" {r['bursts_auto_over_fixed2']:19.3f}" if bursts else ""
+        print(f"{r['model']:10s} {cells} {r['idle_auto_over_fixed2']:12.3f} {r['busy_auto_over_1']:12.3f}{tail}")
     print(f"wrote {out}")
 
 
