@@ -83,7 +83,7 @@ static_assert(AOTC_POOL_MAX >= 1 && AOTC_POOL_MAX <= 127, "the job word holds a 
 #define AOTC_POOL_EXPLORE_NS 30000000
 #endif
 #ifndef AOTC_POOL_RECENT
-#define AOTC_POOL_RECENT 5  // each way's time is the median of its last this many calls (robust to a preempted one)
+#define AOTC_POOL_RECENT 5  // each way's time is the mean of its last this many calls but the slowest (aotc_pool_typical)
 #endif
 #ifndef AOTC_POOL_WORKERS_MUST_WIN
 #define AOTC_POOL_WORKERS_MUST_WIN 0.97  // calls with workers are chosen when they take under this x one thread's
@@ -199,7 +199,7 @@ struct aotc_pool {
   int64_t backoff_ns = AOTC_POOL_BACKOFF_MIN_NS;  // time on one thread after the next drop
   int64_t settled_ns = 0;  // the last drop, or the last shortening of the backoff
   // The measured choice between workers and one thread, for calls of one shape (``key``): each way's call
-  // time (the median of its last calls), the way preferred, and when to try the other way next.
+  // time (aotc_pool_typical of its last calls), the way preferred, and when to try the other way next.
   uint64_t key = 0;
   double typical_ns[2] = {0, 0};  // [0]: calls that began with workers, [1]: calls on one thread (0: none yet)
   double recent_ns[2][AOTC_POOL_RECENT] = {};  // the last calls' times, each way (a ring)
