@@ -126,8 +126,11 @@
 #ifndef AOTC_MM_MR3
 #define AOTC_MM_MR3 (AOTC_VBYTES == 64 ? 8 : 4)
 #endif
+// AOTC_MM_NB for the wide block, a multiple of 3 vectors. 5 panels, not 10: 2048^3 then has 99 tasks of
+// ~1.7 ms, not 44 of 3.7, and a call's last task leaves the other thread idle half as long (Zen 4, 2
+// threads, 7 rounds: 2048^3 +2-3%, to the rate of two separate one-thread processes; GPT-2's shapes +-1%).
 #ifndef AOTC_MM_NB3
-#define AOTC_MM_NB3 (AOTC_VBYTES == 64 ? 480 : 384)  // AOTC_MM_NB for the wide block: a multiple of 3 vectors
+#define AOTC_MM_NB3 (AOTC_VBYTES == 64 ? 240 : 384)
 #endif
 
 // The rows and the widest columns of a task for a block of NV vectors: MR x NV accumulators.
