@@ -10,8 +10,9 @@
 // chunks and the last chunk's end) against what the workers contributed; when the
 // losses, with the earlier calls' (fading with time), pass the gains by more than a tolerance it runs the
 // rest of the call, and the calls of a growing stretch of time after it, on its own thread (then it probes
-// again). Beyond that, calls choose between workers and one thread by their measured times (the trimmed mean of
-// each way's last calls, per shape), trying the way not chosen now and then (aotc_pool_end_call says why).
+// again). Beyond that, calls choose between workers and one thread by their measured times (a trimmed
+// mean of each way's last calls, per shape), trying the way not chosen now and then (aotc_pool_end_call
+// says why).
 // Note (why not drop at the first stall, as before): a drop costs the rest of the call and the calls after
 // it their workers (MobileNetV2: 12 ms a call instead of 8), so one stall -- a neighbour's burst, or another
 // runtime in the process (ONNX Runtime's threads spin ~20 ms after each of its calls) -- must not cause one.
