@@ -1,10 +1,11 @@
 """Run a package's CUDA target: cubins loaded from memory, launched through libcuda, no torch or triton.
 
-What it is: the entry points ``runtime/model.py`` uses — ``available()``, ``pick_target(targets)`` and
-``open_executor(package, device)`` — and ``CudaExecutor``, which implements ``aotc.model.Executor``. The
-executor uploads the weights once, keeps one arena per model (grown when larger symbol values need more),
-packs each launch's arguments once per symbol binding (``aotc.cuda_launch``), and replays the launch
-sequence as one CUDA graph per binding (``aotc.cuda_graph``), launching plainly if capture fails.
+What it is: the entry points ``runtime/model.py`` uses — ``available()``, ``pick_target(targets)`` (from
+``aotc.cuda_targets``, which chooses the target) and ``open_executor(package, device)`` — and
+``CudaExecutor``, which implements ``aotc.model.Executor``. The executor uploads the weights once, keeps
+one arena per model (grown when larger symbol values need more), packs each launch's arguments once per
+symbol binding (``aotc.cuda_launch``), and replays the launch sequence as one CUDA graph per binding
+(``aotc.cuda_graph``), launching plainly if capture fails.
 What it is not: input validation. ``model.py`` checks names, dtypes, shapes and symbol ranges and binds
 the symbols; the executor trusts that binding and only refuses what would be unsafe to launch (a device
 array whose shape or dtype differs from what the kernels will read). Nor is it the package reader, which
@@ -34,89 +35,24 @@ from .cuda_driver import (
     FUNC_ATTR_NON_PORTABLE_CLUSTER,
     NO_BINARY,
     STREAM_NON_BLOCKING,
-    Device,
     DeviceArray,
-    Driver,
     Pool,
     driver,
     host_ptr,
 )
 from .cuda_graph import Graphs
 from .cuda_launch import Call, Region, Slot, launch_all, names, pack, repack, up
+from .cuda_targets import available, check_driver, choose, device_info, pick_target, runs_on
 from .errors import AotcError, IncompatiblePackage, InputMismatch, PackageCorrupt, UsageError
 from .indices import DeviceIndexCheck
 from .schema import SCRATCH, CudaTarget, Kernel, Manifest, Ref, TensorSpec, dtype_name
 from .schema import numpy_dtype as np_dtype
 
-__all__ = ["CudaExecutor", "DeviceArray", "available", "device_info", "np_dtype", "open_executor", "pick_target"]
+__all__ = ["CudaExecutor", "DeviceArray", "available", "choose", "device_info", "np_dtype", "open_executor", "pick_target",
+           "runs_on"]
 
 
-# ---- entry points for model.py -----------------------------------------------------------------------
-
-
-def available() -> bool:
-    """Whether this process can run CUDA targets: libcuda loads, initialises and sees a GPU. Never raises."""
-    try:
-        return driver().device_count() > 0
-    except AotcError:
-        return False
-
-
-def device_info(device: int = 0) -> dict[str, Any]:
-    """Name, arch, driver version and memory of a GPU (for benchmark records)."""
-    drv = driver()
-    d = drv.device(device)
-    return {"name": d.name, "arch": d.arch, "sm_count": d.sm_count, "driver_version": drv.version,
-            "total_mem": d.total_mem}  # fmt: skip
-
-
-def runs_on(arch: str, dev: Device) -> bool:
-    """Whether a cubin for ``arch`` runs on ``dev``: same major, minor not above the device's; Triton's
-    sm_90+ cubins are arch-specific (sm_90a, ...) and run only on exactly that SM."""
-    sm = int(arch.removeprefix("sm_").rstrip("a"))
-    if sm >= 90 or arch.endswith("a"):
-        return sm == dev.sm
-    return sm // 10 == dev.sm // 10 and sm <= dev.sm
-
-
-def pick_target(targets: Sequence[CudaTarget], device: int = 0) -> CudaTarget | None:
-    """The CUDA target that runs on GPU ``device``, or None when there is none to choose from.
-
-    Raises ``IncompatiblePackage`` when there is no libcuda, no cubin (nor PTX) for this GPU's arch, or the
-    driver is older than the cubins need."""
-    return choose(targets, device)[0]
-
-
-def choose(targets: Sequence[CudaTarget], device: int = 0) -> tuple[CudaTarget | None, bool]:
-    """``pick_target``, and whether the target runs through the driver's JIT: a target whose cubins run on
-    this GPU first; else one whose PTX compiles for it (``aotc.cuda_ptx``)."""
-    if not targets:
-        return None, False
-    drv = driver()
-    dev = drv.device(device)
-    fits = [t for t in targets if runs_on(t.arch, dev) and all(k.member is not None for k in t.kernels)]
-    if fits:
-        t = max(fits, key=lambda t: (t.sm == dev.sm, t.sm))
-        _check_driver(t, drv)
-        return t, False
-    jit = cuda_ptx.pick(targets, dev)
-    if jit is not None:
-        return jit, True
-    have = ", ".join(sorted(t.arch for t in targets))
-    raise IncompatiblePackage(
-        f"the package has CUDA code for {have}, but GPU {device} ({dev.name}) is {dev.arch} and no cubin or PTX "
-        f"of the package runs on it: rebuild with `aotc build --target cuda:{dev.arch}`"
-    )
-
-
-def _check_driver(t: CudaTarget, drv: Driver) -> None:
-    if drv.version < t.min_driver:
-        have = f"{drv.version // 1000}.{drv.version % 1000 // 10}"
-        need = f"{t.min_driver // 1000}.{t.min_driver % 1000 // 10}"
-        raise IncompatiblePackage(
-            f"the NVIDIA driver supports CUDA {have}, but the package's {t.arch} cubins (ptxas {t.ptxas_version}) "
-            f"need CUDA {need}: update the driver, or rebuild with a Triton whose ptxas is {have} or older"
-        )
+# ---- entry point for aotc.load ---------------------------------------------------------------------
 
 
 def open_executor(package: Any, device: str = "cuda") -> CudaExecutor:
@@ -190,7 +126,7 @@ class CudaExecutor:
             )
         self.note = cuda_ptx.check_target(target, self.dev, stripped) if self.jit else None
         if not self.jit:
-            _check_driver(target, drv)
+            check_driver(target, drv)
         drv.context(self.dev)
         self._ffi, self._lib = drv.ffi, drv.lib
         s = drv.ffi.new("CUstream *")

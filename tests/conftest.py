@@ -19,14 +19,16 @@ from fake_libcuda import FakeLib
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeLib:
-    """The stand-in libcuda (tests/fake_libcuda.py) behind ``aotc.cuda``'s driver, for this test only."""
-    from aotc import cuda
+    """The stand-in libcuda (tests/fake_libcuda.py) behind the driver of ``aotc.cuda`` (the executor) and
+    ``aotc.cuda_targets`` (the target choice), for this test only."""
+    from aotc import cuda, cuda_targets
     from aotc.cuda_driver import Driver, new_ffi
 
     ffi = new_ffi()
     lib = FakeLib(ffi)
     drv = Driver(lib=lib, ffi=ffi)
-    monkeypatch.setattr(cuda, "driver", lambda: drv)
+    for module in (cuda, cuda_targets):
+        monkeypatch.setattr(module, "driver", lambda: drv)
     lib.drv = drv  # type: ignore[attr-defined]
     return lib
 

@@ -69,15 +69,9 @@ def test_version_names_the_format() -> None:
     assert r.exit_code == 0 and f"package format version {FORMAT_VERSION}" in r.stdout
 
 
-def test_doctor_lists_gpus_through_a_fake_driver(monkeypatch) -> None:
-    from aotc import cuda
-    from aotc.cuda_driver import Driver, new_ffi
+def test_doctor_lists_gpus_through_a_fake_driver(fake) -> None:
     from aotc.doctor import diagnose
-    from fake_libcuda import FakeLib
 
-    ffi = new_ffi()
-    drv = Driver(lib=FakeLib(ffi), ffi=ffi)
-    monkeypatch.setattr(cuda, "driver", lambda: drv)
     checks = {c.what: c for c in diagnose(None)}
     assert checks["cuda driver"].status == "ok" and "GPU(s)" in checks["cuda driver"].detail
     gpu = checks["gpu 0"]
