@@ -44,6 +44,14 @@
 #define AOTC_BLOCK_PIXELS 144
 #endif
 
+#ifndef AOTC_BLOCK_PIECES
+// Pieces per strip of rows (at most: whole steps each). A strip in one task left a thread that finished
+// early nothing to take: MobileNetV2's 112x112 and 56x56 blocks ran as two tasks on two threads, and when
+// the other core was slower for a while (a neighbour's bursts, a noisy host) the caller waited up to half
+// of each block (see aotc_conv_block).
+#define AOTC_BLOCK_PIECES 4
+#endif
+
 // min(max(v + b, lo), hi), a NaN passing as in aotc_conv_vfin (conv_depthwise.h), in three instructions where the
 // compares and blends of the generic form take nine: x86's maxps/minps return their second operand when
 // either is a NaN. After a 1x1 conv of 16 or 24 input channels (MobileNetV2's first blocks) the generic
@@ -277,13 +285,20 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
     const double cost = (double)((N * n_sl + threads - 1) / threads) * slice + 2.0 * N * n_sl * OH * OW * sp.O;
     if (cost < 0.95 * best) best = cost, strips = 1, slices = n_sl, pp = spp;
   }
-  const int64_t tasks = N * strips * slices;
+  // Row steps: R output rows at a time (at least EP pixels when the image has them), from a ring of the
+  // cap input rows they need.
+  const int64_t R = aotc_mm_min((EP + OW - 1) / OW, OH), cap = (R - 1) * sh + KH;
+  // Pieces: a strip's steps in up to AOTC_BLOCK_PIECES runs, each a task. The thread whose share holds a
+  // strip claims its pieces in order and carries its ring from one to the next, so nothing is computed
+  // twice; a thread that runs out of its own takes the last piece left of another's strip (aotc_pool_claim)
+  // and expands the KH - sh rows that piece shares with the one above again: a cost paid only when the
+  // other thread is a whole piece behind.
+  const int64_t pieces = slices > 1 ? 1 : std::max<int64_t>(1, aotc_mm_min((int64_t)AOTC_BLOCK_PIECES, (OH / strips + R - 1) / R));
+  const int64_t tasks = N * strips * slices * pieces;
   threads = aotc_mm_min(threads, tasks);
   // Per image and slice (slices > 1): its partial sums, every pixel of the image (and EP rows the last
   // 1x1 call may pad with).
   const int64_t part_sz = slices > 1 ? aotc_roundup((OH * OW + EP) * ldp, 16) : 0;
-  // Per step R output rows (at least EP pixels when the image has them) from a ring of the cap input rows they need.
-  const int64_t R = aotc_mm_min((EP + OW - 1) / OW, OH), cap = (R - 1) * sh + KH;
   const int64_t align = 64 / (int64_t)sizeof(T), ptr = (int64_t)((sizeof(void*) + sizeof(T) - 1) / sizeof(T));
   const int64_t ring_sz = aotc_roundup(cap * W * ldr, align), etile_sz = aotc_roundup(EP * ldr, align);
   const int64_t drow_sz = aotc_roundup(R * OW * ldd, align), ptile_sz = aotc_roundup(EP * ldp, align);
@@ -294,6 +309,9 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   if (nested && own == NULL) throw std::bad_alloc();
   T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
   T* parts = ws_all + per * threads;
+  // Per slot: its last task and the input rows its ring held after it (``have`` below)
+  int64_t last_task[AOTC_POOL_MAX], last_have[AOTC_POOL_MAX];
+  for (int64_t i = 0; i < threads; ++i) last_task[i] = -1;
   aotc_pool_run(tasks, (int)threads, [&](int64_t task, int slot) {
     T* ring = ws_all + (int64_t)slot * per;  // input row ih at ring + (ih % cap) * W * ldr
     T* etile = ring + ring_sz;
@@ -302,7 +320,8 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
     const T** ind = reinterpret_cast<const T**>(ptile + ptile_sz);
     const T** rows = ind + EP;
     T* ebias = ptile + ptile_sz + ind_sz;  // the expand's bias for image n, zero past hid (its packed panels' width)
-    const int64_t n = task / (strips * slices), st = task / slices % strips, sl = task % slices;
+    const int64_t n = task / (strips * pieces * slices), st = task / (pieces * slices) % strips;
+    const int64_t pc = task / slices % pieces, sl = task % slices;
     const int64_t h0 = sl * pp * NRE, h1 = aotc_mm_min(h0 + pp * NRE, hid), hb = h1 - h0;  // the hidden channels
     T* part = slices > 1 ? parts + (n * slices + sl) * part_sz : NULL;
     const aotc_conv_clamp<T>* fin_e = NULL;
@@ -315,15 +334,22 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
       fin_d = epi_d;
       if (fin_d.bias != NULL) fin_d.bias += n * fin_d.bias_n;
     }
-    const int64_t oh0 = st * OH / strips, oh1 = (st + 1) * OH / strips;
+    // this piece's output rows [oh0, oh1): its steps of the strip's
+    const int64_t top = st * OH / strips, bottom = (st + 1) * OH / strips, steps = (bottom - top + R - 1) / R;
+    const int64_t oh0 = aotc_mm_min(top + pc * steps / pieces * R, bottom);
+    const int64_t oh1 = aotc_mm_min(top + (pc + 1) * steps / pieces * R, bottom);
     const T* xn = x + xs.off + n * xs.s0;
-    int64_t have = 0;  // input rows [.., have) of this strip are in the ring (the last cap of them)
+    // input rows [.., have) of this strip are in the ring (the last cap of them): the piece above's, when
+    // this thread ran it just before
+    const bool carry = pc > 0 && last_task[slot] == task - 1;
+    int64_t have = carry ? last_have[slot] : 0;
+    last_task[slot] = task;
     for (int64_t oh = oh0; oh < oh1; oh += R) {
       const int64_t r = aotc_mm_min(R, oh1 - oh);
       const int64_t need0 = std::max<int64_t>(oh * sh - sd.ph, 0);
       const int64_t need1 = aotc_mm_min((oh + r - 1) * sh - sd.ph + KH, H);  // dilation 1: consecutive rows
       // expand the rows not in the ring yet, in pieces of at most EP pixels that do not wrap around it
-      for (int64_t q = std::max<int64_t>(need0, oh == oh0 ? need0 : have) * W; q < need1 * W;) {
+      for (int64_t q = std::max<int64_t>(need0, oh == oh0 && !carry ? need0 : have) * W; q < need1 * W;) {
         const int64_t ih = q / W, wrap = (ih - ih % cap + cap) * W;
         const int64_t np = aotc_block_piece(aotc_mm_min(need1 * W, wrap) - q, EP);
         T* dst = ring + ((ih % cap) * W + q % W) * ldr;
@@ -360,6 +386,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
         epi_p(n, oh * OW + q, np, (int64_t)0, sp.O, (const T*)ptile, ldp);
       }
     }
+    last_have[slot] = have;
   });
   // slices: add each image's partial sums into its first slice's, EP pixels at a time, and hand them to epi_p
   for (int64_t n = 0; n < (slices > 1 ? N : 0); ++n)
@@ -474,9 +501,15 @@ static int aotc_block_threads(int64_t C, int64_t H, int64_t hid, int64_t O, int6
     for (float& f : *v) f = (float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
   const aotc_conv_strides xs{0, H * H * C, 1, H * C, C};
   const aotc_conv_clamp<float> fe{be.data(), 0, 0.0f, 6.0f}, fd{bd.data(), 0, 0.0f, 6.0f};
-  std::vector<float> y[2];
-  for (int t = 0; t < 2; ++t) {
-    aotc_pool_set_threads(t + 1);
+  std::vector<float> y[3];
+  aotc_pool& pool = aotc_the_pool();
+  int64_t caller_chunks = 0, chunks = 0;
+  for (int t = 0; t < 3; ++t) {
+    // third: two threads, the worker late for every piece it claims, so that the caller takes the rest of
+    // its strip piece by piece (each expanding the rows it shares with the piece above again)
+    aotc_pool_set_threads(t == 2 ? -2 : t + 1);
+    pool.test_worker_delay_ns = t == 2 ? 3000000 : 0;
+    const aotc_pool_stats before = pool.stats;
     y[t].assign(OH * OH * O, 0.0f);
     float* yp = y[t].data();
     aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fd,
@@ -484,9 +517,23 @@ static int aotc_block_threads(int64_t C, int64_t H, int64_t hid, int64_t O, int6
         for (int64_t p = p0; p < p0 + pb; ++p)
           for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) yp[p * O + oc] = tile[(p - p0) * ldt + oc - oc0];
       });
+    chunks = pool.stats.chunks - before.chunks;
+    caller_chunks = chunks - (pool.stats.worker_chunks - before.worker_chunks);
   }
-  const int fails = memcmp(y[0].data(), y[1].data(), y[0].size() * sizeof(float)) != 0;
-  if (fails) printf("block C=%ld %ldx%ld hid=%ld O=%ld stride %ld: 1 and 2 threads differ\n", (long)C, (long)H, (long)H, (long)hid, (long)O, (long)stride);
+  pool.test_worker_delay_ns = 0;
+  aotc_pool_set_threads(0);
+  int fails = 0;
+  for (int t = 1; t < 3; ++t)
+    if (memcmp(y[0].data(), y[t].data(), y[0].size() * sizeof(float)) != 0) {
+      printf("block C=%ld %ldx%ld hid=%ld O=%ld stride %ld: 1 and 2 threads%s differ\n", (long)C, (long)H, (long)H, (long)hid,
+             (long)O, (long)stride, t == 2 ? " (a late worker)" : "");
+      ++fails;
+    }
+  if (2 * caller_chunks <= chunks) {  // the late worker's pieces were not taken: the case above was not run
+    printf("block C=%ld %ldx%ld hid=%ld: the caller ran %ld of %ld pieces beside a late worker\n", (long)C, (long)H, (long)H,
+           (long)hid, (long)caller_chunks, (long)chunks);
+    ++fails;
+  }
   return fails;
 }
 
