@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_timing import busy_core
-from cpu_side_by_side import MODELS, ROOT, _cpu, _ort, _versions
+from cpu_side_by_side import MODELS, ROOT, _cpu, _ort, _versions, prepared
 
 
 def _mlp_small() -> torch.nn.Module:
@@ -69,9 +69,8 @@ def _package(key: str, pkg_dir: Path, target: str) -> Path:
 
     pkg = pkg_dir / f"{key}.pkg"
     if not pkg.exists():
-        _, make, inputs = ALL[key]
-        torch.manual_seed(0)
-        cap = capture_module(make().eval(), (inputs(),), name=key)
+        model, x = prepared(*ALL[key][1:])
+        cap = capture_module(model, (x,), name=key)
         build_captured(cap, pkg, BuildOptions(targets=(parse_target(target),), selftest=False))
     return pkg
 
@@ -132,8 +131,7 @@ def bench(key: str, pkg_dir: Path, target: str, calls: int, rounds: int, neighbo
     fns: dict[str, Callable[[], object]] = {name: (lambda m=m: m(x)) for name, m in models.items()}
     before = None
     if neighbour:
-        torch.manual_seed(0)
-        fns["ort"] = before = _ort(make().eval(), xt, Path(tempfile.mkdtemp(prefix="contention_")), os.cpu_count() or 1)
+        fns["ort"] = before = _ort(prepared(make, inputs)[0], xt, Path(tempfile.mkdtemp(prefix="contention_")), os.cpu_count() or 1)
     row: dict = {"model": key, "title": title, "max_abs_diff_between_variants": err, "loadavg_1min": os.getloadavg()[0]}
     row["idle"] = _rounds(fns, models, calls, rounds, before)
     busy = {k: v for k, v in fns.items() if k in BUSY or k.startswith("base_")}

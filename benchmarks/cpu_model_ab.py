@@ -35,7 +35,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from cpu_side_by_side import MODELS  # noqa: E402
+from cpu_side_by_side import MODELS, prepared  # noqa: E402
 
 
 def cpu_ns() -> int:
@@ -63,9 +63,8 @@ def main() -> None:
     import aotc
     import onnxruntime as ort
 
-    torch.manual_seed(0)
     _, make, inputs = MODELS[args.model]
-    model, x = make().eval(), inputs()
+    model, x = prepared(make, inputs)
     work = Path(tempfile.mkdtemp(prefix="model_ab_"))
     torch.onnx.export(model, (x,), str(work / "m.onnx"), dynamo=False, opset_version=17)
     so = ort.SessionOptions()

@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from cpu_side_by_side import MODELS  # noqa: E402
+from cpu_side_by_side import MODELS, prepared  # noqa: E402
 
 CALL = re.compile(r"^(\s+)(aotc_k_\w+)\((.*)\);$")
 
@@ -93,8 +92,7 @@ def main() -> None:
 
     cpp.generate = generate
     title, make, inputs = MODELS[args.model]
-    torch.manual_seed(0)
-    model, x = make().eval(), inputs()
+    model, x = prepared(make, inputs)
     work = Path(tempfile.mkdtemp(prefix="prof_"))
     pkg = work / "m.pkg"
     build_captured(capture_module(model, (x,), name=args.model), pkg, BuildOptions(targets=(parse_target(args.target),), selftest=False))
