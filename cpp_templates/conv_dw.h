@@ -309,8 +309,8 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   if (nested && own == NULL) throw std::bad_alloc();
   T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
   T* parts = ws_all + per * threads;
-  // Per slot: its last task and the input rows its ring held after it (``have`` below)
-  int64_t last_task[AOTC_POOL_MAX], last_have[AOTC_POOL_MAX];
+  // Per slot: its last task (whose rows its ring still holds)
+  int64_t last_task[AOTC_POOL_MAX];
   for (int64_t i = 0; i < threads; ++i) last_task[i] = -1;
   aotc_pool_run(tasks, (int)threads, [&](int64_t task, int slot) {
     T* ring = ws_all + (int64_t)slot * per;  // input row ih at ring + (ih % cap) * W * ldr
@@ -339,10 +339,10 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
     const int64_t oh0 = aotc_mm_min(top + pc * steps / pieces * R, bottom);
     const int64_t oh1 = aotc_mm_min(top + (pc + 1) * steps / pieces * R, bottom);
     const T* xn = x + xs.off + n * xs.s0;
-    // input rows [.., have) of this strip are in the ring (the last cap of them): the piece above's, when
-    // this thread ran it just before
+    // input rows [.., have) of this strip are in the ring (the last cap of them): those the piece above
+    // needed (up to its last row, oh0 - 1), when this thread ran it just before
     const bool carry = pc > 0 && last_task[slot] == task - 1;
-    int64_t have = carry ? last_have[slot] : 0;
+    int64_t have = carry ? aotc_mm_min((oh0 - 1) * sh - sd.ph + KH, H) : 0;
     last_task[slot] = task;
     for (int64_t oh = oh0; oh < oh1; oh += R) {
       const int64_t r = aotc_mm_min(R, oh1 - oh);
@@ -386,7 +386,6 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
         epi_p(n, oh * OW + q, np, (int64_t)0, sp.O, (const T*)ptile, ldp);
       }
     }
-    last_have[slot] = have;
   });
   // slices: add each image's partial sums into its first slice's, EP pixels at a time, and hand them to epi_p
   for (int64_t n = 0; n < (slices > 1 ? N : 0); ++n)
