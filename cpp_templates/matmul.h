@@ -484,9 +484,12 @@ static void aotc_mm_pack_a(T* __restrict dst, const S* src, int64_t m0, int64_t 
   }
 }
 
+#include "matmul_bf16.h"  // bf16 pairs: their A packing and micro-kernels (it uses the strips and stores above)
+
 // B panels packed at build time: panel p = columns [p * NR, p * NR + NR), all K rows, k-major.
 template <class T>
 struct aotc_mm_bpacked {
+  typedef T elem;  // what the panels hold: the accumulator type, or uint32_t bf16 pairs (aotc_matmul_packed_bf16)
   const T* p;
   int64_t K;
   static constexpr bool packs = false;
@@ -501,6 +504,7 @@ struct aotc_mm_bpacked {
 // B strided (an activation): packed per task and K slice into the workspace.
 template <class T, class S, class Off>
 struct aotc_mm_bstrided {
+  typedef T elem;
   const S* p;
   Off off;
   int64_t sk, sn;
@@ -539,8 +543,12 @@ static inline int aotc_mm_threads(double flops, int64_t tasks) {
 
 template <class T, int NV, class SA, class OffA, class BSrc, class Epi>
 static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const SA* a, OffA offa, int64_t sam,
-                          int64_t sak, const BSrc& bsrc, Epi epi) {
+                          int64_t sak, const BSrc& bsrc, Epi epi, int64_t ka = 0) {
   typedef typename aotc_mm_vec<T>::type V;
+  // P: the packed operands' element. T, or bf16 pairs (uint32_t, aotc_matmul_packed_bf16): then K counts
+  // pairs and ``ka`` is A's own K, in bf16 elements.
+  typedef typename BSrc::elem P;
+  static_assert(sizeof(P) == sizeof(T), "the workspace holds packed operands and tiles alike");
   constexpr int L = (int)(sizeof(V) / sizeof(T));
   constexpr int MR = aotc_mm_tiles<NV>::MR, NR = NV * L, NBMAX = aotc_mm_tiles<NV>::NB;
   static_assert(AOTC_MM_MB % MR == 0 && NBMAX % NR == 0, "tile sizes must be multiples of MR, NR");
@@ -618,15 +626,16 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   const size_t bytes = ((size_t)a_all + (size_t)per * (size_t)nthreads) * sizeof(T);
   T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
   if (nested && own == NULL) throw std::bad_alloc();
-  T* const apacked = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
-  T* const ws_all = apacked + a_all;
+  T* const ws_base = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  P* const apacked = reinterpret_cast<P*>(ws_base);
+  T* const ws_all = ws_base + a_all;
   {
     if (shared_a) {
       aotc_pool_run(ablocks * kslices, nthreads, [&](int64_t j, int) {
         const int64_t blk = j / kslices, k0 = j % kslices * KC, bi = blk / mblocks, m0 = blk % mblocks * MB;
         const int64_t mb = aotc_mm_min(M - m0, MB);
-        aotc_mm_pack_a<T, SA, MR>(apacked + blk * MB * K + k0 * aotc_roundup(mb, MR), a + offa(bi), m0, mb, k0,
-                                  aotc_mm_min(K - k0, KC), sam, sak);
+        aotc_mm_pack_a_any<T, SA, MR>(apacked + blk * MB * K + k0 * aotc_roundup(mb, MR), a + offa(bi), m0, mb, k0,
+                                      aotc_mm_min(K - k0, KC), sam, sak, ka);
       });
     }
     // Task t is (batch, column block, row block), row blocks innermost, when a column block of B fits in
@@ -644,7 +653,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
     // thread likely claims next (t + 1: a thread walks its own share of the tasks, aotc_pool_claim), so
     // the stream of a build-time packed B has no cold start per task; narrow tasks (2 threads, 32-64
     // columns) made that a cache miss every 2-8 panels.
-    auto first_slice = [&](int64_t t) -> const T* {
+    auto first_slice = [&](int64_t t) -> const P* {
       if constexpr (BSrc::packs) {
         return NULL;
       } else {
@@ -661,20 +670,22 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
       const int64_t m0 = mi * MB, n0 = ni * NB;
       const int64_t mb = aotc_mm_min(M - m0, MB), nb = aotc_mm_min(N - n0, NB);
       const int64_t mbp = aotc_roundup(mb, MR), nbp = aotc_roundup(nb, NR);
-      T* bws = tile + MB * NB + MB * kc_max;
+      P* bws = reinterpret_cast<P*>(tile + MB * NB + MB * kc_max);
       const SA* ab = a + offa(bi);
       // One KC x NR panel slice ``bj`` against every strip of ``ap`` into tile columns [js, js + NR), the
       // next slice in ``next`` prefetched a part per strip.
-      auto panel = [&](const T* ap, int64_t kc, const T* bj, const T* next, int64_t js, bool accumulate) {
+      auto panel = [&](const P* ap, int64_t kc, const P* bj, const P* next, int64_t js, bool accumulate) {
         const int64_t strips = mbp / MR, chunk = (kc + strips - 1) / strips;
         for (int64_t s = 0; s < strips; ++s) {
           int64_t r0;
           int h;
           aotc_mm_strip(mb, MR, s, &r0, &h);
-          const T* pf = next != NULL && s * chunk < kc ? next + s * chunk * NR : NULL;
+          const P* pf = next != NULL && s * chunk < kc ? next + s * chunk * NR : NULL;
           const int64_t pfk = aotc_mm_min(chunk, kc - s * chunk);
           T* c = tile + r0 * nbp + js;
-          if (h == MR)
+          if constexpr (!std::is_same<P, T>::value)
+            aotc_mm_micro_pairs<MR, NV>(h, kc, ap + s * MR * kc, bj, c, nbp, accumulate, pf, pfk);
+          else if (h == MR)
             aotc_mm_micro<T, MR, MR, NV>(kc, ap + s * MR * kc, bj, c, nbp, accumulate, pf, pfk);
           else
             aotc_mm_micro_tail<T, MR, NV>(h, kc, ap + s * MR * kc, bj, c, nbp, accumulate, pf, pfk);
@@ -683,12 +694,12 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
       if (K <= 0) memset(tile, 0, sizeof(T) * (size_t)(mb * nbp));
       if (panel_outer) {  // each panel down all of K: B streams in memory order, its tile columns stay in L1
         int64_t pstride = 0;
-        const T* b0 = bsrc.template slice<NR>(bi, n0, nb, nbp, 0, K, bws, &pstride);
-        const T* ablk = apacked + (bi * mblocks + mi) * MB * K;
+        const P* b0 = bsrc.template slice<NR>(bi, n0, nb, nbp, 0, K, bws, &pstride);
+        const P* ablk = apacked + (bi * mblocks + mi) * MB * K;
         for (int64_t js = 0; js < nbp; js += NR)
           for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t kc = aotc_mm_min(K - k0, KC);
-            const T* bj = b0 + (js / NR) * pstride + k0 * NR;
+            const P* bj = b0 + (js / NR) * pstride + k0 * NR;
             const bool last = js + NR >= nbp && k0 + KC >= K;
             panel(ablk + k0 * mbp, kc, bj, last ? first_slice(t + 1) : bj + kc * NR, js, k0 > 0);
           }
@@ -696,16 +707,16 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
           const int64_t kc = aotc_mm_min(K - k0, KC);
           int64_t pstride = 0;
-          const T* bp = bsrc.template slice<NR>(bi, n0, nb, nbp, k0, kc, bws, &pstride);
-          const T* ap = apacked + (bi * mblocks + mi) * MB * K + k0 * mbp;
+          const P* bp = bsrc.template slice<NR>(bi, n0, nb, nbp, k0, kc, bws, &pstride);
+          const P* ap = apacked + (bi * mblocks + mi) * MB * K + k0 * mbp;
           if (!shared_a) {
-            T* own_ap = tile + MB * NB;
-            aotc_mm_pack_a<T, SA, MR>(own_ap, ab, m0, mb, k0, kc, sam, sak);
+            P* own_ap = reinterpret_cast<P*>(tile + MB * NB);
+            aotc_mm_pack_a_any<T, SA, MR>(own_ap, ab, m0, mb, k0, kc, sam, sak, ka);
             ap = own_ap;
           }
           // The next K slice's first panel (or the next task's), prefetched during this slice's last: a
           // build-time packed B only (a strided one is packed per slice, in the workspace).
-          const T* next_slice = NULL;
+          const P* next_slice = NULL;
           if constexpr (!BSrc::packs) {
             if (k0 + KC < K) {
               int64_t ps = 0;
@@ -715,7 +726,7 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
             }
           }
           for (int64_t js = 0; js < nbp; js += NR) {
-            const T* bj = bp + (js / NR) * pstride;
+            const P* bj = bp + (js / NR) * pstride;
             panel(ap, kc, bj, js + NR < nbp ? bj + pstride : next_slice, js, k0 > 0);
           }
         }
@@ -741,6 +752,16 @@ void aotc_matmul_packed(int64_t batch, int64_t M, int64_t N, int64_t K, const SA
                         int64_t sak, const T* bp, Epi epi) {
   const aotc_mm_bpacked<T> bsrc{bp, K};
   aotc_mm_drive<T, NV>(batch, M, N, K, a, offa, sam, sak, bsrc, epi);
+}
+
+// The bf16 matmul with a build-time packed B of bf16 pairs (matmul_bf16.h): ``bp`` is
+// [ceil(N/NR)][ceil(K/2)][NR] pairs, NR = NV vectors; A's elements and the tile's are bf16 and fp32.
+template <int NV = AOTC_MM_NV, class OffA, class Epi>
+void aotc_matmul_packed_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const aotc_bf16_tag* a, OffA offa,
+                             int64_t sam, int64_t sak, const aotc_bf16_tag* bp, Epi epi) {
+  const int64_t kp = K > 0 ? (K + 1) / 2 : 0;
+  const aotc_mm_bpacked<uint32_t> bsrc{reinterpret_cast<const uint32_t*>(static_cast<const void*>(bp)), kp};
+  aotc_mm_drive<float, NV>(batch, M, N, kp, a, offa, sam, sak, bsrc, epi, K);
 }
 
 #ifdef AOTC_SELFTEST_MATMUL
@@ -778,6 +799,47 @@ static int aotc_mm_check(int64_t batch, int64_t M, int64_t N, int64_t K) {
   return fails;
 }
 
+// The bf16 path: A [batch][M, K] and B [K, N] of small integers (exact in bf16, their sums exact in fp32),
+// B packed into pairs as cpp_pack.py does, A strided with a row pitch past K (sak == 1) or transposed
+// (sak != 1): the VDPBF16PS kernel where the CPU has it, then the widening one.
+template <int NV = AOTC_MM_NV>
+static int aotc_mm_check_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, bool transposed) {
+  const int64_t NR = NV * AOTC_VBYTES / 4, P = (N + NR - 1) / NR, KP = (K + 1) / 2, pitch = K + 3;
+  std::vector<aotc_bf16_tag> a(batch * M * pitch + M * K), bp(P * KP * NR * 2, aotc_bf16_tag{0});
+  std::vector<float> av(a.size()), b(K * N), c(batch * M * N, -1.0f);
+  for (size_t i = 0; i < a.size(); ++i) {
+    av[i] = (float)((i * 7) % 13) - 6.0f;
+    a[i].bits = (uint16_t)(aotc_f32_bits(av[i]) >> 16);
+  }
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) {
+      b[k * N + n] = (float)((k * 5 + n * 3) % 11) - 5.0f;
+      bp[((n / NR * KP + k / 2) * NR + n % NR) * 2 + k % 2].bits = (uint16_t)(aotc_f32_bits(b[k * N + n]) >> 16);
+    }
+  const int64_t sam = transposed ? 1 : pitch, sak = transposed ? M : 1, per = transposed ? M * K : M * pitch;
+  auto offa = [&](int64_t bi) { return bi * per; };
+  int fails = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    aotc_mm_dpbf16 = pass == 0 ? 1 : 0;
+    if (pass == 0 && !aotc_mm_have_dpbf16()) continue;
+    aotc_matmul_packed_bf16<NV>(batch, M, N, K, a.data(), offa, sam, sak, bp.data(),
+                                [&](int64_t bi, int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float* tile, int64_t ldt) {
+                                  for (int64_t m = m0; m < m0 + mb; ++m)
+                                    for (int64_t n = n0; n < n0 + nb; ++n) c[(bi * M + m) * N + n] = tile[(m - m0) * ldt + (n - n0)];
+                                });
+    for (int64_t bi = 0; bi < batch; ++bi)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double ref = 0;
+          for (int64_t k = 0; k < K; ++k) ref += (double)av[bi * per + m * sam + k * sak] * b[k * N + n];
+          fails += c[(bi * M + m) * N + n] != (float)ref;
+        }
+  }
+  aotc_mm_dpbf16 = -1;
+  if (fails) printf("bf16 matmul: %d wrong at %ldx%ldx%ldx%ld%s\n", fails, (long)batch, (long)M, (long)N, (long)K, transposed ? " (A transposed)" : "");
+  return fails;
+}
+
 int main() {
   int fails = aotc_mm_check(2, 37, 70, 300);  // K over one slice, N and M ragged
   fails += aotc_mm_check(1, 5, 3, 7);          // K < KC, N < NR, M < MR
@@ -796,6 +858,17 @@ int main() {
   fails += aotc_mm_check<3>(3, 130, 1000, 40);
 #pragma omp parallel num_threads(2) reduction(+ : fails)
   fails += aotc_mm_check(2, 19, 40, 50);  // nested in a caller's parallel region: private workspaces
+  // bf16 pairs: odd K (a half pair), K over several slices, ragged strips and panels, row tasks, big A
+  for (int t = 0; t < 2; ++t) {
+    fails += aotc_mm_check_bf16(2, 37, 70, 301, t);
+    fails += aotc_mm_check_bf16(1, 5, 3, 7, t);
+    fails += aotc_mm_check_bf16(3, 130, 600, 40, t);
+    fails += aotc_mm_check_bf16(2, 301, 70, 300, t);
+    fails += aotc_mm_check_bf16(1, 1, 33, 1, t);
+    fails += aotc_mm_check_bf16(1, 37, 200, 4001, t);
+    fails += aotc_mm_check_bf16<3>(1, 19, 3 * AOTC_MM_NR_F32 + 5, 9, t);
+    fails += aotc_mm_check_bf16<3>(2, 301, 70, 301, t);
+  }
   return fails != 0;
 }
 #endif

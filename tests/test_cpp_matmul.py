@@ -77,6 +77,10 @@ PROGS = {
     # 129+ rows and N = 94 (two panels of 48, three of 32): the wide 8 x 3 block on AVX-512 (matmul_panel),
     # its last strip one row, its last panel ragged, K over two KC slices
     "wide_block": (_linear("wide_block", 129 * S0, 94, 300, True, "bias,residual"), 2e-4),
+    # bf16 at AVX-512: the weight as bf16 pairs (matmul_bf16.h). K odd (the last pair's high half is
+    # padding), W stored [k, n]; and the wide block's 48-column panels with a bf16 output
+    "bf16_oddk": (_linear("bf16_oddk", 13 * S0, 70, 259, False, "bias,relu", BF16), 2e-2),
+    "bf16_wide": (_linear("bf16_wide", 129 * S0, 94, 301, True, "bias,cast", BF16), 2e-2),
 }
 TRIALS = (1, 5, 37)  # s0
 
@@ -110,13 +114,16 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def test_every_weight_matmul_is_packed() -> None:
     for name, (prog, _) in PROGS.items():
         for level, default in PANEL.items():
-            nr = 48 if name == "wide_block" and level == "x86-64-v4" else default
+            nr = 48 if name in ("wide_block", "bf16_wide") and level == "x86-64-v4" else default
             packed, packs = pack_plan(prog, level)
             assert len(packs) == 1 and all(isinstance(k, K.Matmul) and k.packed for k in packed.kernels), name
             assert packed.weights[-1].shape == packs[0].shape and packs[0].nr == nr, (name, level)
             assert packed.labels[packs[0].name] == f"w.packed{nr}"
             src = generate(packed, BuildOptions(targets=(Target("cpu", level),)))
-            assert f"aotc_matmul_packed<float, {nr} * 4 / AOTC_VBYTES>" in src
+            pairs = name.startswith("bf16") and level == "x86-64-v4"  # bf16 stays bf16 only at AVX-512
+            assert packs[0].pairs is pairs and packed.weights[-1].dtype is (BF16 if pairs else F32), (name, level)
+            call = f"aotc_matmul_packed_bf16<{nr} * 4 / AOTC_VBYTES>" if pairs else f"aotc_matmul_packed<float, {nr} * 4 / AOTC_VBYTES>"
+            assert call in src, (name, level)
 
 
 def test_wide_panel_rule() -> None:
@@ -140,6 +147,18 @@ def test_pack_array_layout() -> None:
     assert got.shape == (1, 3, 16)
     np.testing.assert_array_equal(got[0, :, :5], w.T)
     assert not got[0, :, 5:].any()  # zero past N
+
+
+def test_pack_array_pairs_layout() -> None:
+    """bf16 pairs: [panels][ceil(K / 2)][NR][2], B[k, n] at [n // NR][k // 2][n % NR][k % 2], zero past K and N."""
+    prog, packs = pack_plan(_linear("t", 4, 35, 5, True, "", BF16), "x86-64-v4")
+    w = (np.arange(35 * 5, dtype=np.float32).reshape(35, 5) - 80).astype(ml_dtypes.bfloat16)  # w[n, k]
+    got = pack_array(packs[0], w)
+    assert packs[0].pairs and got.dtype == ml_dtypes.bfloat16 and got.shape == (2, 3, 32, 2) == packs[0].shape
+    for n in range(64):
+        for k in range(6):
+            want = w[n, k] if n < 35 and k < 5 else 0
+            assert got[n // 32, k // 2, n % 32, k % 2] == want, (n, k)
 
 
 @pytest.mark.skipif(not LEVELS, reason="needs AVX2")
@@ -207,7 +226,7 @@ def test_wide_a_matches_torch(level: str, wide: dict[str, Lib]) -> None:
 
 @pytest.mark.skipif(not LEVELS, reason="needs AVX2")
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("name", ["wide_a", "odd_bias", "skinny_rows", "batched", "wide_block"])
+@pytest.mark.parametrize("name", ["wide_a", "odd_bias", "skinny_rows", "batched", "wide_block", "bf16_wide"])
 def test_thread_count_changes_nothing(name: str, level: str, built: dict[tuple[str, str, bool], Lib], wide: dict[str, Lib]) -> None:
     """Every output bit alike on 1, 2 and 3 threads: tiles and tasks follow the thread count, the order of
     each output's sum does not."""

@@ -22,6 +22,7 @@ import sympy
 from aotc.schema import INTERFACE_MARK
 
 from .. import kernel as K
+from ..ir import DType
 from ..options import BuildOptions
 from ..symbolic import to_c
 from .cpp_block import find_blocks
@@ -245,7 +246,9 @@ class KernelWriter(ReduceEmitter, ConvEmitter):
             nr = to_c(b.strides[0])
             ok = f"{nr} * 4 == 2 * AOTC_VBYTES || {nr} * 4 == 3 * AOTC_VBYTES"
             self.w.line(f'static_assert({ok}, "weights packed for another panel width");')
-            call = f"aotc_matmul_packed<{at}, {nr} * 4 / AOTC_VBYTES>"
+            nv = f"{nr} * 4 / AOTC_VBYTES"
+            # a bf16 weight stays bf16 only as pairs (cpp_pack.py's bf16_pairs), for matmul_bf16.h
+            call = f"aotc_matmul_packed_bf16<{nv}>" if b.dtype is DType.bf16 else f"aotc_matmul_packed<{at}, {nv}>"
         else:
             call = f"aotc_matmul<{at}>"
         self.w.line(f"{call}({self._work(sizes)}, aotc_M, aotc_N, aotc_K,")
@@ -253,7 +256,7 @@ class KernelWriter(ReduceEmitter, ConvEmitter):
             self.w.line(f"{operand_ptr(self.ctx.bufs[a.buf], a.dtype)}, {self._offset_fn(a.offset, sizes)},")
             self.w.line(f"{to_c(a.strides[0])}, {to_c(a.strides[1])},")
             if k.packed:
-                self.w.line(f"{self.ctx.bufs[b.buf]},")
+                self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)},")
             else:
                 self.w.line(f"{operand_ptr(self.ctx.bufs[b.buf], b.dtype)}, {self._offset_fn(b.offset, sizes)},")
                 self.w.line(f"{to_c(b.strides[0])}, {to_c(b.strides[1])},")

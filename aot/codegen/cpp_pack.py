@@ -16,6 +16,11 @@ every call), zero past N, with NR two vectors of the level's width, or three (AV
 operand of an implicit GEMM, K = (kh, kw, c) and N = output channels, packed the same way with a panel of
 one vector when the conv has at most one vector of output channels (a ResNet stem's 16 channels would
 waste half of a two-vector panel), else two.
+Note (bf16): at AVX-512 a matmul of two bf16 operands (``--precision bf16``) keeps its weight in bf16, as
+pairs of consecutive k (``pairs``: [ceil(N / NR)][ceil(K / 2)][NR][2], the even k first) that matmul_bf16.h's
+VDPBF16PS kernel reads: twice the fp32 rate where the CPU has AVX512_BF16 (2 cores of Zen 4: 440 against 220
+GFLOP/s at 512 x 3072 x 768), half the bytes; an AVX-512 CPU without it widens the pairs at the fp32 rate.
+Lower levels widen the weight here to fp32 panels.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+import ml_dtypes
 import numpy as np
 import sympy
 
@@ -51,11 +57,19 @@ class Packing:
     # 2 or 4: a 3x3 conv's weight as its Winograd transform for F(wino x wino, 3x3) (``wino_weight``), whose
     # k = pos * C + c over the (wino + 2)^2 positions replaces the kernel's taps
     wino: int = 0
+    # bf16 pairs of consecutive k (see the Note above), zero past K
+    pairs: bool = False
 
     @property
-    def shape(self) -> tuple[int, int, int]:
+    def shape(self) -> tuple[int, ...]:
+        if self.pairs:
+            return (-(-self.n // self.nr), -(-self.k // 2), self.nr, 2)
         k = self.k // 9 * (self.wino + 2) ** 2 if self.wino else self.k
         return (-(-self.n // self.nr), k, self.nr)
+
+    @property
+    def dtype(self) -> DType:
+        return DType.bf16 if self.pairs else DType.f32
 
 
 # Winograd weight transforms G (points 0, 1, -1, 2, -2 and infinity; conv_wino.h has the matching B and A)
@@ -142,6 +156,11 @@ def matmul_panel(k: K.Matmul, n: int, level: str, symbols: dict[str, int]) -> in
     return wide if padded(wide) <= padded(nr) + 0.01 else nr
 
 
+def bf16_pairs(k: K.Matmul, level: str) -> bool:
+    """Whether a packed matmul runs on bf16 pairs (matmul_bf16.h): both operands bf16, at AVX-512."""
+    return level == "x86-64-v4" and k.a.dtype is DType.bf16 and k.b.dtype is DType.bf16
+
+
 def conv_panel(k: K.Conv, level: str) -> int:
     """The panel width of a packed conv weight: one vector, or two when there are more output channels."""
     vec = PANEL[level] // 2
@@ -189,8 +208,9 @@ def pack_plan(plan: K.Plan, level: str, winograd: bool = True) -> tuple[K.Plan, 
         cview = _conv_packable(k, names)
         if isinstance(k, K.Matmul) and view is not None:
             nr = matmul_panel(k, view[4], level, examples)
-            p = packing((k.b.buf, *view, nr), Packing("", k.b.buf, *view, nr))
-            b = K.Strided(p.name, sympy.Integer(0), (sympy.Integer(nr), sympy.Integer(1)), DType.f32)
+            pairs = bf16_pairs(k, level)
+            p = packing((k.b.buf, *view, nr, pairs), Packing("", k.b.buf, *view, nr, pairs=pairs))
+            b = K.Strided(p.name, sympy.Integer(0), (sympy.Integer(nr), sympy.Integer(1)), p.dtype)
             kernels.append(replace(k, b=b, packed=True))
         elif isinstance(k, K.Conv) and cview is not None:
             cnr = conv_panel(k, level)
@@ -208,7 +228,7 @@ def pack_plan(plan: K.Plan, level: str, winograd: bool = True) -> tuple[K.Plan, 
     if not found:
         return plan, []
     packs = list(found.values())
-    extra = [K.Buffer(p.name, DType.f32, p.shape, "weight") for p in packs]
+    extra = [K.Buffer(p.name, p.dtype, p.shape, "weight") for p in packs]
     prog = K.Program(plan.symbols, plan.inputs, plan.outputs, [*plan.weights, *extra], plan.arena, kernels, labels)
     return K.Plan.of(prog, plan.arena_offsets, plan.arena_size), packs
 
@@ -226,9 +246,14 @@ def pack_array(p: Packing, weight: np.ndarray) -> np.ndarray:
     if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
         raise ValueError(f"packing {p.source}: the matmul's view reaches outside the weight")
     b = flat[idx]  # [K, N]
-    panels, kk, nr = p.shape
+    panels, kk, nr = -(-p.n // p.nr), (p.k // 9 * (p.wino + 2) ** 2 if p.wino else p.k), p.nr
     if p.wino:  # k = (kh * 3 + kw) * C + c becomes pos * C + c
         b = wino_weight(b.reshape(3, 3, -1, p.n), p.wino).reshape(kk, p.n).astype(np.float32)
+    if p.pairs:  # [panels][K / 2][NR][2]: k = 2 * pair + half; the weight's own bf16 values, exact
+        out = np.zeros((2 * -(-kk // 2), panels * nr), np.float32)
+        out[:kk, : p.n] = b
+        pairs = out.reshape(-1, 2, panels, nr).transpose(2, 0, 3, 1)
+        return np.ascontiguousarray(pairs).astype(ml_dtypes.bfloat16)
     out = np.zeros((kk, panels * nr), np.float32)
     out[:, : p.n] = b
     return np.ascontiguousarray(out.reshape(kk, panels, nr).transpose(1, 0, 2))
