@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_side_by_side.py [--models mlp,cnn,bert,mobilenet,gpt2_1,gpt2_4]
                                           [--out FILE.json] [--threads N] [--no-compile] [--no-extras]
-                                          [--target cpu:native|cpu:x86-64-v3|...] [--avx2]
+                                          [--target cpu:native|cpu:x86-64-v3|...] [--avx2] [--precision bf16]
 
 Every engine gets the same inputs and the same thread count (the machine's cores unless --threads);
 fp32; each round times 30 single calls and takes their median, three rounds interleave the engines
@@ -19,6 +19,10 @@ with the CPU model, flags, threads, versions and date.
 torch.compile: ATen, oneDNN, MKL, Inductor's vector ISA and -march) is held to AVX2 through their environment switches.
 ONNX Runtime's MLAS picks its kernels by CPUID and has no such switch, so it keeps AVX-512: the ratios then
 understate aotc against ORT. The JSON records which ISA each engine ran.
+--precision bf16: every model in bfloat16 (the package built with --precision bf16, fed ml_dtypes bfloat16
+inputs), against eager torch and torch.compile in bf16 (oneDNN's AVX512_BF16 kernels where the CPU has
+them); ONNX Runtime's CPU provider has no bf16 kernels for these models, so it sits out, and the best peer is
+the faster of eager and torch.compile. The 2048^3 matmul and the cold start (fp32 figures) are left out.
 On 2 cores the whole set takes several minutes (torch.compile and the aotc build of GPT-2 dominate).
 """
 
@@ -45,6 +49,7 @@ AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_EN
 if "--avx2" in sys.argv:
     os.environ.update(AVX2_ENV)
 
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -144,7 +149,7 @@ MODELS: dict[str, tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]
 
 
 def _aotc(
-    model: nn.Module, x: torch.Tensor, name: str, work: Path, threads: int, target: str = "cpu:native"
+    model: nn.Module, x: torch.Tensor, name: str, work: Path, threads: int, target: str = "cpu:native", precision: str = "fp32"
 ) -> tuple[Callable[[], object], dict]:
     import aotc
     from aotc_build.build import build_captured
@@ -152,12 +157,12 @@ def _aotc(
     from aotc_build.options import BuildOptions, parse_target
 
     t0 = time.perf_counter()
-    cap = capture_module(model, (x,), name=name)
+    cap = capture_module(model, (x,), name=name, precision=precision)
     pkg = work / f"{name}.pkg"
-    build_captured(cap, pkg, BuildOptions(targets=(parse_target(target),), selftest=False))
+    build_captured(cap, pkg, BuildOptions(targets=(parse_target(target),), selftest=False, precision=precision))
     build_s = time.perf_counter() - t0
     m = aotc.load(pkg, device="cpu", num_threads=threads)
-    xn = x.numpy()
+    xn = x.float().numpy().astype(ml_dtypes.bfloat16) if x.dtype == torch.bfloat16 else x.numpy()
     return (lambda: m(xn)), {"build_s": round(build_s, 1), "package": str(pkg)}
 
 
@@ -220,9 +225,12 @@ def prepared(make: Callable[[], nn.Module], inputs: Callable[[], torch.Tensor]) 
     return model, inputs()
 
 
-def bench_model(key: str, threads: int, compile_: bool, target: str = "cpu:native") -> dict:
+def bench_model(key: str, threads: int, compile_: bool, target: str = "cpu:native", precision: str = "fp32") -> dict:
     title, make, inputs = MODELS[key]
     model, x = prepared(make, inputs)
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+        x = x.to(torch.bfloat16) if x.is_floating_point() else x
     row: dict = {"model": key, "title": title}
     fns: dict[str, Callable[[], object]] = {}
     with torch.no_grad():
@@ -236,18 +244,21 @@ def bench_model(key: str, threads: int, compile_: bool, target: str = "cpu:nativ
             fns["torch.compile"] = lambda: compiled(x)
     work = Path(tempfile.mkdtemp(prefix="side_"))
     try:
+        if precision != "fp32":
+            raise NotImplementedError(f"ONNX Runtime's CPU provider has no {precision} kernels for this model")
         ort_fn = _ort(model, x, work, threads)
         row["ort_rel_err"] = _close(ort_fn(), want)
         fns["onnxruntime"] = ort_fn
     except Exception as e:
         row["ort_note"] = f"{type(e).__name__}: {str(e)[:200]}"
-    aotc_fn, info = _aotc(model, x, key, work, threads, target)
+    aotc_fn, info = _aotc(model, x, key, work, threads, target, precision)
     row.update(info)
     row["aotc_rel_err"] = _close(aotc_fn(), want)
     fns["aotc"] = aotc_fn
     with torch.no_grad():
         row["ms"] = {k: round(v, 3) for k, v in _rounds(fns).items()}
-    peers = [row["ms"][k] for k in ("onnxruntime", "torch.compile") if k in row["ms"]]
+    names = ("onnxruntime", "torch.compile") if precision == "fp32" else ("eager", "torch.compile")
+    peers = [row["ms"][k] for k in names if k in row["ms"]]
     if peers:
         row["best_peer_over_aotc"] = round(min(peers) / row["ms"]["aotc"], 3)
     return row
@@ -343,7 +354,10 @@ def main() -> None:
     ap.add_argument("--no-extras", action="store_true", help="skip the 2048^3 matmul and the cold start")
     ap.add_argument("--target", default="cpu:native", help="the aotc package's CPU target (cpu:x86-64-v3: the AVX2 code)")
     ap.add_argument("--avx2", action="store_true", help="stand in for an AVX2-only CPU: aotc x86-64-v3, torch held to AVX2")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: every engine in bfloat16 (ORT sits out)")
     args = ap.parse_args()
+    if args.precision != "fp32":
+        args.no_extras = True  # the 2048^3 matmul and the cold start are fp32 figures
     if args.avx2:
         import torch._inductor.config as inductor_config
 
@@ -354,9 +368,10 @@ def main() -> None:
     doc: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
         "threads": args.threads, "versions": _versions(),
-        "method": f"fp32; per engine the median of {CALLS} single calls; best of {ROUNDS} interleaved rounds, "
-                  f"{SETTLE_S} s of quiet before each engine's turn; "
-                  f"aotc built for {args.target}; best_peer_over_aotc = min(ORT, torch.compile) / aotc",
+        "method": f"{args.precision}; per engine the median of {CALLS} single calls; best of {ROUNDS} interleaved rounds, "
+                  f"{SETTLE_S} s of quiet before each engine's turn; aotc built for {args.target}; best_peer_over_aotc = "
+                  + ("min(ORT, torch.compile) / aotc" if args.precision == "fp32" else "min(eager, torch.compile) / aotc"),
+        "precision": args.precision,
         "rows": [], "notes": [], "loadavg_start": os.getloadavg(),
         "isa": {"aotc": args.target, "torch": torch.backends.cpu.get_cpu_capability(),
                 "onnxruntime": "MLAS picks by CPUID (no switch): the machine's best"},
@@ -366,7 +381,7 @@ def main() -> None:
     if args.no_compile:
         doc["notes"].append("torch.compile skipped (--no-compile)")
     for key in args.models.split(","):
-        row = bench_model(key.strip(), args.threads, not args.no_compile, args.target)
+        row = bench_model(key.strip(), args.threads, not args.no_compile, args.target, args.precision)
         doc["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "package"}), flush=True)
     ratios = [r["best_peer_over_aotc"] for r in doc["rows"] if "best_peer_over_aotc" in r]
@@ -386,7 +401,8 @@ def main() -> None:
         r.pop("package", None)
     day = doc["date"][:10]
     cpu_tag = "".join(c if c.isalnum() else "_" for c in cpu["model"]).strip("_")[:40]
-    out = args.out or ROOT / "benchmarks" / "results" / f"cpu_side_by_side_{day}_{cpu_tag}.json"
+    tag = "" if args.precision == "fp32" else f"_{args.precision}"
+    out = args.out or ROOT / "benchmarks" / "results" / f"cpu_side_by_side_{day}_{cpu_tag}{tag}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\n{'model':10s} " + " ".join(f"{k:>13s}" for k in ("eager", "torch.compile", "onnxruntime", "aotc", "peer/aotc")))
     for r in doc["rows"]:
