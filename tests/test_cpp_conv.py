@@ -62,6 +62,30 @@ def test_conv_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path, cp
     check_batches(aotc.load(pkg, device="cpu"), model, (3, 29, 31), atol=1e-5)
 
 
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
+def test_conv_net_bf16_takes_the_fp32_kernels(level: str, tmp_path: Path, aotc_cache: Path, cpu_runs: Callable[[str], None]) -> None:
+    """A bf16 model's convs run the packed and depthwise kernels (weights widened at build time, activations
+    as they are read), not the generic loops; the output within bf16's rounding of the same model in fp32."""
+    import ml_dtypes
+
+    cpu_runs(level)
+    model, x = _model()
+    mb, xb = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    cap = capture_module(mb, (xb,), name="convnet_bf16", precision="bf16")
+    pkg, src = tmp_path / "convnet_bf16.pkg", tmp_path / "src"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),), precision="bf16"), aotc_cache, sources_dir=src)
+    text = "".join(f.read_text() for f in src.rglob("*.cpp"))
+    assert text.count("aotc_conv2d_packed<float") + text.count("aotc_conv2d_packed_pool<float") >= 4, "stem, 1x1s, odd"
+    assert text.count("aotc_conv2d_dw<float>") == 2 and "aotc_conv2d<float>" in text  # the grouped conv: NCHW loops
+    got = np.asarray(aotc.load(pkg, device="cpu")(xb.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
+    with torch.no_grad():
+        eager = mb(xb).double().numpy()
+        ref = mb.float()(xb.float()).double().numpy()  # the same bf16 weights, fp32 arithmetic
+    scale = np.abs(ref).max()
+    err, eager_err = np.abs(got - ref).max() / scale, np.abs(eager - ref).max() / scale
+    assert err < max(2e-2, 2 * eager_err), f"{level}: {err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
+
+
 class Stems(nn.Module):
     """Convs whose epilogue is a clamp and whose channels are whole weight panels (32: two on AVX2, one on
     AVX-512), so that the row kernel or Winograd's output transform writes their outputs from the registers

@@ -168,10 +168,11 @@ def conv_panel(k: K.Conv, level: str) -> int:
 
 
 def _conv_packable(k: K.Kernel, weights: set[str]) -> tuple[int, int, tuple[tuple[int, int], ...]] | None:
-    """(offset, stride of o, k's (size, stride) dims) when ``k`` is an fp32 conv, one group, over a weight."""
+    """(offset, stride of o, k's (size, stride) dims) when ``k`` is an fp32 or bf16 conv, one group, over a
+    weight (a bf16 one is widened here; conv.h converts its bf16 input to fp32 channels-last as it reads it)."""
     if not isinstance(k, K.Conv) or k.packed or k.w.buf not in weights or k.groups != 1:
         return None
-    if k.x.dtype is not DType.f32 or k.w.dtype is not DType.f32:
+    if k.x.dtype is not k.w.dtype or k.x.dtype not in (DType.f32, DType.bf16):
         return None
     got = [_int(e) for e in (k.w.offset, *k.w.strides)]
     if any(v is None for v in got):
