@@ -86,6 +86,34 @@ def test_conv_net_bf16_takes_the_fp32_kernels(level: str, tmp_path: Path, aotc_c
     assert err < max(2e-2, 2 * eager_err), f"{level}: {err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
 
 
+def test_resnet_bf16_winograd_and_packed(tmp_path: Path, aotc_cache: Path) -> None:
+    """examples/cnn.py in bf16: its NCHW stem conv (packed, bf16 input converted as read), its 3x3 stride-1
+    convs as Winograd (conv_wino.h) and its strided ones packed; within bf16's rounding of fp32. (The max-pool
+    after the stem is not fused in bf16: cpp_pool.py's fusion takes fp32 pools only.)"""
+    import importlib.util
+
+    import ml_dtypes
+
+    spec = importlib.util.spec_from_file_location("cnn_example", Path(__file__).parents[1] / "examples" / "cnn.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(1)
+    mb, xb = mod.model.to(torch.bfloat16), torch.randn(2, 3, 64, 64).to(torch.bfloat16)
+    cap = capture_module(mb, (xb,), name="cnn_bf16", precision="bf16")
+    pkg, src = tmp_path / "cnn_bf16.pkg", tmp_path / "src"
+    build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", "x86-64-v3"),), precision="bf16"), aotc_cache, sources_dir=src)
+    text = "".join(f.read_text() for f in src.rglob("*.cpp"))
+    assert "aotc_conv2d_wino<float" in text and "aotc_conv2d_packed<float" in text and "aotc_conv2d<" not in text
+    got = np.asarray(aotc.load(pkg, device="cpu")(xb.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
+    with torch.no_grad():
+        eager = mb(xb).double().numpy()
+        ref = mb.float()(xb.float()).double().numpy()
+    scale = np.abs(ref).max()
+    err, eager_err = np.abs(got - ref).max() / scale, np.abs(eager - ref).max() / scale
+    assert err < max(2e-2, 2 * eager_err), f"{err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
+
+
 class Stems(nn.Module):
     """Convs whose epilogue is a clamp and whose channels are whole weight panels (32: two on AVX2, one on
     AVX-512), so that the row kernel or Winograd's output transform writes their outputs from the registers
