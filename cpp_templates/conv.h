@@ -230,6 +230,12 @@ static void aotc_conv_nhwc_rows(const aotc_conv_shape& s, const SX* x, aotc_conv
         for (int c = 0; c < 3; ++c) row[w * 3 + c] = (T)aotc_elem<SX>::load(x, at + c * xs.s1 + w * xs.s3);
       continue;
     }
+    if (xs.s1 == 1) {  // channels-last already (a bf16 model's activations): a pixel's channels in a row
+      for (int64_t w = 0; w < s.W; ++w)
+#pragma omp simd
+        for (int64_t c = 0; c < s.C; ++c) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + w * xs.s3 + c);
+      continue;
+    }
     for (int64_t c = 0; c < s.C; ++c)
       for (int64_t w = 0; w < s.W; ++w) row[w * s.C + c] = (T)aotc_elem<SX>::load(x, at + c * xs.s1 + w * xs.s3);
   }

@@ -86,10 +86,10 @@ def test_conv_net_bf16_takes_the_fp32_kernels(level: str, tmp_path: Path, aotc_c
     assert err < max(2e-2, 2 * eager_err), f"{level}: {err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
 
 
-def test_resnet_bf16_winograd_and_packed(tmp_path: Path, aotc_cache: Path) -> None:
-    """examples/cnn.py in bf16: its NCHW stem conv (packed, bf16 input converted as read), its 3x3 stride-1
-    convs as Winograd (conv_wino.h) and its strided ones packed; within bf16's rounding of fp32. (The max-pool
-    after the stem is not fused in bf16: cpp_pool.py's fusion takes fp32 pools only.)"""
+def test_resnet_bf16_pool_winograd_packed(tmp_path: Path, aotc_cache: Path) -> None:
+    """examples/cnn.py in bf16: its NCHW stem conv (bf16 input converted as read) with the max-pool fused after
+    it (conv_pool.h, the pool's rounding to bf16 after the max), its 3x3 stride-1 convs as Winograd
+    (conv_wino.h) and its strided ones packed; within bf16's rounding of fp32."""
     import importlib.util
 
     import ml_dtypes
@@ -104,7 +104,7 @@ def test_resnet_bf16_winograd_and_packed(tmp_path: Path, aotc_cache: Path) -> No
     pkg, src = tmp_path / "cnn_bf16.pkg", tmp_path / "src"
     build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", "x86-64-v3"),), precision="bf16"), aotc_cache, sources_dir=src)
     text = "".join(f.read_text() for f in src.rglob("*.cpp"))
-    assert "aotc_conv2d_wino<float" in text and "aotc_conv2d_packed<float" in text and "aotc_conv2d<" not in text
+    assert "aotc_conv2d_packed_pool<float" in text and "aotc_conv2d_wino<float" in text and "aotc_conv2d<" not in text
     got = np.asarray(aotc.load(pkg, device="cpu")(xb.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
     with torch.no_grad():
         eager = mb(xb).double().numpy()
