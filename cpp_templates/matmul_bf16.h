@@ -22,7 +22,7 @@
 [[maybe_unused]] static int aotc_mm_dpbf16 = -1;
 static inline bool aotc_mm_have_dpbf16() {
 #if defined(__AVX512F__) && defined(__GNUC__) && __GNUC__ >= 10
-  static const bool has = __builtin_cpu_supports("avx512bf16");
+  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
   return has && aotc_mm_dpbf16 != 0;
 #else
   return false;
