@@ -407,6 +407,22 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   free(own);
 }
 
+
+// The block over bf16 input and depthwise weight (a bf16 model; the 1x1 convs' weights are widened when
+// packed): the input copied to dense channels-last T once (conv.h's scratch), the depthwise weight widened,
+// then the block above. Its rows stay T: the expanded and depthwise values are not rounded to bf16 between
+// the stages (the epilogues store T into them), only the output.
+template <class T, int NVE, int NVP, int CE = 0, int CH = 0, class SX, class SW, class EpiE, class EpiD, class EpiP>
+void aotc_conv_block(const aotc_conv_shape& se, const SX* x, aotc_conv_strides xs, const T* we, const aotc_conv_shape& sd,
+                     const SW* wd, const aotc_conv_shape& sp, const T* wp, EpiE epi_e, EpiD epi_d, EpiP epi_p) {
+  static_assert(!std::is_same<SX, T>::value || !std::is_same<SW, T>::value, "the block above takes these");
+  if (se.N <= 0 || se.H <= 0 || se.W <= 0) return;
+  std::vector<T> wdt((size_t)(sd.KH * sd.KW * sd.C));
+  for (size_t i = 0; i < wdt.size(); ++i) wdt[i] = (T)aotc_elem<SW>::load(wd, (int64_t)i);
+  aotc_conv_block<T, NVE, NVP, CE, CH>(se, aotc_conv_nhwc<T>(se, x, xs), aotc_conv_dense(se), we, sd, (const T*)wdt.data(), sp, wp,
+                                       epi_e, epi_d, epi_p);
+}
+
 #ifdef AOTC_SELFTEST_CONV_DW
 // The block against the three convs it replaces (aotc_conv2d_packed, a naive depthwise loop, aotc_conv2d_packed)
 // with ReLU6 after the first two and a residual after the last, on small integer data (exact in fp32).

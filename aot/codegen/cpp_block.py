@@ -21,6 +21,7 @@ import sympy
 from .. import kernel as K
 from ..ir import DType, Op
 from ..symbolic import to_c
+from .cpp_values import operand_ptr
 from .writer import Writer
 
 if TYPE_CHECKING:
@@ -69,12 +70,22 @@ def _nhwc(c: int, h: sympy.Expr, w: sympy.Expr) -> tuple[sympy.Expr, ...]:
 
 
 def _pointwise(k: K.Kernel) -> bool:
-    """A packed fp32 1x1 conv, stride 1, unpadded, over channels-last input."""
+    """A packed 1x1 conv (its weight fp32 panels, cpp_pack.py) over fp32 or bf16 input, stride 1, unpadded,
+    channels-last."""
     return (
         isinstance(k, K.Conv) and k.packed and k.groups == 1 and k.kernel == (1, 1) and k.stride == (1, 1)
-        and k.padding == (0, 0) and k.x.dtype is DType.f32 and k.w.dtype is DType.f32 and sympy.sympify(k.x.strides[1]) == 1
-        and not k.has_gather
+        and k.padding == (0, 0) and k.w.dtype is DType.f32 and k.x.dtype in (DType.f32, DType.bf16)
+        and sympy.sympify(k.x.strides[1]) == 1 and not k.has_gather
     )  # fmt: skip
+
+
+def row_value(st: K.Store) -> K.Store:
+    """``st`` as a block's row stage stores it: the rows are fp32 (conv_dw.h), so a bf16 model's rounding of
+    the stage's output to bf16 is left out (the next stage reads the fp32 value)."""
+    v = st.value
+    if isinstance(v, K.Unary) and v.op is Op.CAST and v.dtype is DType.bf16:
+        return K.Store(st.buf, st.index, v.x)
+    return st
 
 
 def row_store(k: K.Conv, weights: set[str]) -> K.Store | None:
@@ -242,8 +253,9 @@ def write_block(
         else:
             st.nhwc_epilogue(body, f"auto aotc_epi_{name} = [&]({rows}, float* {ROW_DST})", "};", f"{shape}.OW")
     p.nhwc_epilogue(body, f"auto aotc_epi_p = [&]({rows})", "};", "aotc_sp.OW")
-    x, we = e.ctx.bufs[ke.x.buf], e.ctx.bufs[ke.w.buf]
-    wd, wp = d.ctx.bufs[kd.w.buf], p.ctx.bufs[kp.w.buf]
+    # the input and the depthwise weight as the template reads them (bf16 ones as tags: conv_dw.h widens them)
+    x, we = operand_ptr(e.ctx.bufs[ke.x.buf], ke.x.dtype), e.ctx.bufs[ke.w.buf]
+    wd, wp = operand_ptr(d.ctx.bufs[kd.w.buf], kd.w.dtype), p.ctx.bufs[kp.w.buf]
     # the 1x1 convs' input channels: their pixel strides at compile time (conv_dw.h's CE, CH)
     ce, ch = ke.c_in, kd.c_in
     body.line(

@@ -20,7 +20,7 @@ import sympy
 from .. import kernel as K
 from ..ir import DType, Op
 from ..symbolic import to_c
-from .cpp_block import ROW_DST, KernelWriter, clamp_of, depthwise_nhwc, in_place, row_store, write_block
+from .cpp_block import ROW_DST, KernelWriter, clamp_of, depthwise_nhwc, in_place, row_store, row_value, write_block
 from .cpp_pool import monotone
 from .cpp_values import ACC_DTYPE, STORAGE, Kctx, Values, acc_type, operand_ptr
 from .writer import Writer
@@ -244,9 +244,10 @@ def block_function(
     rows = {e.stores[0].buf, d.stores[0].buf}
     stages = []
     for k in convs:
-        kw = stage(k if k is p else replace(k, stores=(in_place(k.stores[0]),)))
+        kw = stage(k if k is p else replace(k, stores=(in_place(row_value(k.stores[0])),)))
         if k.stores[0].buf in rows:
             kw.ctx.bufs[k.stores[0].buf] = ROW_DST
+            kw.ctx.dtypes[k.stores[0].buf] = DType.f32  # the template's rows (float), whatever the tensor was
         stages.append(kw)
     bufs = [b for b in dict.fromkeys(b for k in convs for b in touched[k.name][0]) if b not in rows]
     written = touched[p.name][1]
@@ -255,5 +256,5 @@ def block_function(
         t = STORAGE[prog.buffer(b).dtype]
         params.append(f"{'' if b in written else 'const '}{t}* {ptrs[b]}")
     weights = {b.name for b in prog.weights}
-    clamps = (clamp_of(e.stores[0], weights), clamp_of(d.stores[0], weights))
+    clamps = (clamp_of(row_value(e.stores[0]), weights), clamp_of(row_value(d.stores[0]), weights))
     return write_block(fname, params, (stages[0], stages[1], stages[2]), clamps), bufs
