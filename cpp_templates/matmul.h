@@ -248,13 +248,10 @@ static inline __attribute__((always_inline)) void aotc_mm_store_row(T* c, const 
   for (int j = 0; j < NV; ++j) memcpy(c + j * L, &acc[j], sizeof(V));
 }
 
-template <class T, int MR, int R, int NV>
-static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
-                                 int64_t ldc, bool accumulate, const T* pf = NULL, int64_t pfk = 0) {
-  typedef typename aotc_mm_vec<T>::type V;
+// A register block's first values: the R rows of c (a K slice after the first) or zeros.
+template <class T, int R, int NV, class V>
+static inline __attribute__((always_inline)) void aotc_mm_load_acc(V (&acc)[R][NV], const T* c, int64_t ldc, bool accumulate) {
   constexpr int L = (int)(sizeof(V) / sizeof(T));
-  constexpr int NR = NV * L;
-  V acc[R][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
@@ -264,6 +261,16 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
       else
         acc[i][j] = V{};
     }
+}
+
+template <class T, int MR, int R, int NV>
+static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
+                                 int64_t ldc, bool accumulate, const T* pf = NULL, int64_t pfk = 0) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L;
+  V acc[R][NV];
+  aotc_mm_load_acc<T>(acc, c, ldc, accumulate);
   int64_t k = 0;
   if (pf != NULL) {
     // a row of ``pf`` every ``sp`` steps, over as much of this call as the rows cover

@@ -87,15 +87,7 @@ static void aotc_mm_micro_widen(int64_t kc, const uint32_t* __restrict ap, const
   typedef uint32_t VU __attribute__((vector_size(sizeof(V))));
   constexpr int L = (int)(sizeof(V) / sizeof(float)), NR = NV * L;
   V acc[R][NV];
-#pragma GCC unroll 16
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      if (accumulate)
-        memcpy(&acc[i][j], c + i * ldc + j * L, sizeof(V));
-      else
-        acc[i][j] = V{};
-    }
+  aotc_mm_load_acc<float>(acc, c, ldc, accumulate);
   const int every = aotc_mm_pf_every(kc, pfk);
   for (int64_t k = 0; k < kc; ++k) {
     if (pf != NULL && k % every == 0 && k / every < pfk)
@@ -122,51 +114,45 @@ static void aotc_mm_micro_widen(int64_t kc, const uint32_t* __restrict ap, const
 }
 
 #if defined(__AVX512F__) && defined(__GNUC__) && __GNUC__ >= 10
+// One step of aotc_mm_micro_dpbf16: pair k of its R rows against the panel's row of pairs k.
+template <int MR, int R, int NV>
+__attribute__((target("avx512bf16"), always_inline)) static inline void aotc_mm_step_dpbf16(aotc_vf32 (&acc)[R][NV], int64_t k,
+                                                                                           const uint32_t* __restrict ap,
+                                                                                           const uint32_t* __restrict bp) {
+  __m512i b[NV];
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) b[j] = _mm512_loadu_si512(bp + (k * NV + j) * 16);
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i) {
+    const __m512i a = _mm512_set1_epi32((int)ap[k * MR + i]);
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = (aotc_vf32)_mm512_dpbf16_ps((__m512)acc[i][j], (__m512bh)a, (__m512bh)b[j]);
+  }
+}
+
 // R x (NV vectors) block over pairs on VDPBF16PS (compiled for AVX512_BF16 whatever the package's level:
-// called only where aotc_mm_have_dpbf16 says the CPU has it).
+// called only where aotc_mm_have_dpbf16 says the CPU has it). The first steps also prefetch the next
+// panel, as aotc_mm_micro's do; the rest run without the test.
 template <int MR, int R, int NV>
 __attribute__((target("avx512bf16"))) static void aotc_mm_micro_dpbf16(int64_t kc, const uint32_t* __restrict ap,
                                                                        const uint32_t* __restrict bp, float* c,
                                                                        int64_t ldc, bool accumulate, const uint32_t* pf,
                                                                        int64_t pfk) {
   constexpr int NR = NV * 16;
-  __m512 acc[R][NV];
-#pragma GCC unroll 16
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) acc[i][j] = accumulate ? _mm512_loadu_ps(c + i * ldc + j * 16) : _mm512_setzero_ps();
+  aotc_vf32 acc[R][NV];
+  aotc_mm_load_acc<float>(acc, c, ldc, accumulate);
   const int every = aotc_mm_pf_every(kc, pfk);
   int64_t k = 0;
   if (pf != NULL)
     for (; k < kc && k / every < pfk; ++k) {
       if (k % every == 0)
         for (int l = 0; l < (int)(NR * sizeof(uint32_t)); l += 64) __builtin_prefetch((const char*)(pf + k / every * NR) + l);
-      __m512i b[NV];
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) b[j] = _mm512_loadu_si512(bp + k * NR + j * 16);
-#pragma GCC unroll 16
-      for (int i = 0; i < R; ++i) {
-        const __m512i a = _mm512_set1_epi32((int)ap[k * MR + i]);
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)b[j]);
-      }
+      aotc_mm_step_dpbf16<MR, R, NV>(acc, k, ap, bp);
     }
 #pragma GCC unroll 2
-  for (; k < kc; ++k) {
-    __m512i b[NV];
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) b[j] = _mm512_loadu_si512(bp + k * NR + j * 16);
+  for (; k < kc; ++k) aotc_mm_step_dpbf16<MR, R, NV>(acc, k, ap, bp);
 #pragma GCC unroll 16
-    for (int i = 0; i < R; ++i) {
-      const __m512i a = _mm512_set1_epi32((int)ap[k * MR + i]);
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)b[j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(c + i * ldc + j * 16, acc[i][j]);
+  for (int i = 0; i < R; ++i) aotc_mm_store_row<float, NV>(c + i * ldc, acc[i]);
 }
 #endif
 
