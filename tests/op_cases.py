@@ -111,6 +111,20 @@ def check_batches(run: Any, model: nn.Module, chw: tuple[int, ...], atol: float,
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol * float(np.abs(want).max()))
 
 
+def check_bf16(run: Any, model: nn.Module, x: torch.Tensor, what: str) -> None:
+    """``run`` (a loaded bf16 package) on bf16 ``x`` against ``model`` (in bf16) run in fp32 arithmetic on its
+    bf16 weights: within 2e-2 of the largest output, or twice eager bf16's own distance from it."""
+    import ml_dtypes
+
+    got = np.asarray(run(x.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
+    with torch.no_grad():
+        eager = model(x).double().numpy()
+        ref = model.float()(x.float()).double().numpy()
+    scale = np.abs(ref).max()
+    err, eager_err = np.abs(got - ref).max() / scale, np.abs(eager - ref).max() / scale
+    assert err < max(2e-2, 2 * eager_err), f"{what}: {err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
+
+
 def _mask(b: int) -> torch.Tensor:
     return torch.rand(b, 1, 8, 8) > 0.3
 

@@ -19,7 +19,7 @@ from aotc_build.codegen import cpp
 from aotc_build.codegen.cpp_block import find_blocks
 from aotc_build.codegen.cpp_pack import pack_plan
 from aotc_build.options import BuildOptions, Target
-from op_cases import check_batches, inverted_body
+from op_cases import check_batches, check_bf16, inverted_body
 from torch import nn
 from torch.export import Dim
 
@@ -92,8 +92,6 @@ def test_block_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path, c
 def test_block_net_bf16(level: str, tmp_path: Path, aotc_cache: Path, cpu_runs: Callable[[str], None]) -> None:
     """In bf16 the same two chains fuse (conv_dw.h's bf16 overload: the input converted, the depthwise weight
     widened, the rows fp32), and the output stays within bf16's rounding of the model in fp32."""
-    import ml_dtypes
-
     cpu_runs(level)
     model, x = _model()
     mb, xb = model.to(torch.bfloat16), x.to(torch.bfloat16)
@@ -101,13 +99,7 @@ def test_block_net_bf16(level: str, tmp_path: Path, aotc_cache: Path, cpu_runs: 
     pkg, src = tmp_path / "blocknet_bf16.pkg", tmp_path / "src"
     build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", level),), precision="bf16"), aotc_cache, sources_dir=src)
     assert "".join(f.read_text() for f in src.rglob("*.cpp")).count("aotc_conv_block<") == 2
-    got = np.asarray(aotc.load(pkg, device="cpu")(xb.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
-    with torch.no_grad():
-        eager = mb(xb).double().numpy()
-        ref = mb.float()(xb.float()).double().numpy()  # the same bf16 weights, fp32 arithmetic
-    scale = np.abs(ref).max()
-    err, eager_err = np.abs(got - ref).max() / scale, np.abs(eager - ref).max() / scale
-    assert err < max(2e-2, 2 * eager_err), f"{level}: {err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
+    check_bf16(aotc.load(pkg, device="cpu"), mb, xb, level)
 
 
 class Chain(nn.Module):

@@ -18,7 +18,7 @@ from aotc_build.capture import capture_module
 from aotc_build.codegen.cpp_pack import PANEL, WINO_G, Packing, conv_panel, pack_array, pack_plan
 from aotc_build.ir import DType, Op
 from aotc_build.options import BuildOptions, Target
-from op_cases import check_batches, random_bn
+from op_cases import check_batches, check_bf16, random_bn
 from torch import nn
 from torch.export import Dim
 
@@ -66,8 +66,6 @@ def test_conv_net_matches_eager(level: str, tmp_path: Path, aotc_cache: Path, cp
 def test_conv_net_bf16_takes_the_fp32_kernels(level: str, tmp_path: Path, aotc_cache: Path, cpu_runs: Callable[[str], None]) -> None:
     """A bf16 model's convs run the packed and depthwise kernels (weights widened at build time, activations
     as they are read), not the generic loops; the output within bf16's rounding of the same model in fp32."""
-    import ml_dtypes
-
     cpu_runs(level)
     model, x = _model()
     mb, xb = model.to(torch.bfloat16), x.to(torch.bfloat16)
@@ -77,13 +75,7 @@ def test_conv_net_bf16_takes_the_fp32_kernels(level: str, tmp_path: Path, aotc_c
     text = "".join(f.read_text() for f in src.rglob("*.cpp"))
     assert text.count("aotc_conv2d_packed<float") + text.count("aotc_conv2d_packed_pool<float") >= 4, "stem, 1x1s, odd"
     assert text.count("aotc_conv2d_dw<float>") == 2 and "aotc_conv2d<float>" in text  # the grouped conv: NCHW loops
-    got = np.asarray(aotc.load(pkg, device="cpu")(xb.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
-    with torch.no_grad():
-        eager = mb(xb).double().numpy()
-        ref = mb.float()(xb.float()).double().numpy()  # the same bf16 weights, fp32 arithmetic
-    scale = np.abs(ref).max()
-    err, eager_err = np.abs(got - ref).max() / scale, np.abs(eager - ref).max() / scale
-    assert err < max(2e-2, 2 * eager_err), f"{level}: {err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
+    check_bf16(aotc.load(pkg, device="cpu"), mb, xb, level)
 
 
 def test_resnet_bf16_pool_winograd_packed(tmp_path: Path, aotc_cache: Path) -> None:
@@ -91,8 +83,6 @@ def test_resnet_bf16_pool_winograd_packed(tmp_path: Path, aotc_cache: Path) -> N
     it (conv_pool.h, the pool's rounding to bf16 after the max), its 3x3 stride-1 convs as Winograd
     (conv_wino.h) and its strided ones packed; within bf16's rounding of fp32."""
     import importlib.util
-
-    import ml_dtypes
 
     spec = importlib.util.spec_from_file_location("cnn_example", Path(__file__).parents[1] / "examples" / "cnn.py")
     assert spec and spec.loader
@@ -105,13 +95,7 @@ def test_resnet_bf16_pool_winograd_packed(tmp_path: Path, aotc_cache: Path) -> N
     build_captured(cap, pkg, BuildOptions(targets=(Target("cpu", "x86-64-v3"),), precision="bf16"), aotc_cache, sources_dir=src)
     text = "".join(f.read_text() for f in src.rglob("*.cpp"))
     assert "aotc_conv2d_packed_pool<float" in text and "aotc_conv2d_wino<float" in text and "aotc_conv2d<" not in text
-    got = np.asarray(aotc.load(pkg, device="cpu")(xb.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
-    with torch.no_grad():
-        eager = mb(xb).double().numpy()
-        ref = mb.float()(xb.float()).double().numpy()
-    scale = np.abs(ref).max()
-    err, eager_err = np.abs(got - ref).max() / scale, np.abs(eager - ref).max() / scale
-    assert err < max(2e-2, 2 * eager_err), f"{err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
+    check_bf16(aotc.load(pkg, device="cpu"), mb, xb, "examples/cnn.py")
 
 
 class Stems(nn.Module):
