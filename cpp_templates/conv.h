@@ -257,6 +257,14 @@ static const T* aotc_conv_nhwc(const aotc_conv_shape& s, const SX* x, aotc_conv_
   return xt;
 }
 
+// The n elements of p widened to T (a bf16 model's depthwise weight, [kh][kw][C]: conv_depthwise.h, conv_dw.h).
+template <class T, class S>
+static std::vector<T> aotc_conv_widened(const S* p, int64_t n) {
+  std::vector<T> out((size_t)(n > 0 ? n : 0));
+  for (int64_t i = 0; i < n; ++i) out[(size_t)i] = (T)aotc_elem<S>::load(p, i);
+  return out;
+}
+
 // The buffers of a packed conv's parallel loop: ``per`` elements for each of ``nthreads`` threads (the
 // library's kept workspace, matmul.h, so a call allocates nothing -- or its own when nested in a caller's
 // parallel loop) and a row of ``zeros`` zeros that taps outside the image read. Freed on scope exit, also

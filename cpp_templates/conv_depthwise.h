@@ -252,20 +252,6 @@ static inline void aotc_conv_dw_rows(const aotc_conv_shape& s, const T* xn, int6
 // output row, channel block). Its work is memory more than arithmetic (9 multiply-adds per element read),
 // so the thread count follows output elements x taps, not flops.
 template <class T, class Epi>
-void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* w, Epi epi);
-
-// Over 16-bit float input and weight (a bf16 model): the input copied to dense channels-last T once (the
-// packed convs' scratch, conv.h), the weight widened, then the kernel above.
-template <class T, class SX, class SW, class Epi>
-void aotc_conv2d_dw(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, const SW* w, Epi epi) {
-  static_assert(!std::is_same<SX, T>::value || !std::is_same<SW, T>::value, "the kernel above takes these");
-  if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
-  std::vector<T> wt((size_t)(s.KH * s.KW * s.C));
-  for (size_t i = 0; i < wt.size(); ++i) wt[i] = (T)aotc_elem<SW>::load(w, (int64_t)i);
-  aotc_conv2d_dw<T>(s, aotc_conv_nhwc<T>(s, x, xs), aotc_conv_dense(s), (const T*)wt.data(), epi);
-}
-
-template <class T, class Epi>
 void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, const T* w, Epi epi) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T));
@@ -297,6 +283,16 @@ void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, 
     epi(n, oh * s.OW, s.OW, c0, cb, (const T*)tile, CB);
   });
   free(own);
+}
+
+// The same over 16-bit float input and weight (a bf16 model): the input copied to dense channels-last T once
+// (the packed convs' scratch, conv.h), the weight widened, then the kernel above.
+template <class T, class SX, class SW, class Epi>
+void aotc_conv2d_dw(const aotc_conv_shape& s, const SX* x, aotc_conv_strides xs, const SW* w, Epi epi) {
+  static_assert(!std::is_same<SX, T>::value || !std::is_same<SW, T>::value, "the kernel above takes these");
+  if (s.N <= 0 || s.O <= 0 || s.OH <= 0 || s.OW <= 0) return;
+  const std::vector<T> wt = aotc_conv_widened<T>(w, s.KH * s.KW * s.C);
+  aotc_conv2d_dw<T>(s, aotc_conv_nhwc<T>(s, x, xs), aotc_conv_dense(s), wt.data(), epi);
 }
 
 #endif  // AOTC_CONV_DEPTHWISE_H

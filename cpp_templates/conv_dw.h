@@ -407,7 +407,6 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   free(own);
 }
 
-
 // The block over bf16 input and depthwise weight (a bf16 model; the 1x1 convs' weights are widened when
 // packed): the input copied to dense channels-last T once (conv.h's scratch), the depthwise weight widened,
 // then the block above. Its rows stay T: the expanded and depthwise values are not rounded to bf16 between
@@ -417,10 +416,9 @@ void aotc_conv_block(const aotc_conv_shape& se, const SX* x, aotc_conv_strides x
                      const SW* wd, const aotc_conv_shape& sp, const T* wp, EpiE epi_e, EpiD epi_d, EpiP epi_p) {
   static_assert(!std::is_same<SX, T>::value || !std::is_same<SW, T>::value, "the block above takes these");
   if (se.N <= 0 || se.H <= 0 || se.W <= 0) return;
-  std::vector<T> wdt((size_t)(sd.KH * sd.KW * sd.C));
-  for (size_t i = 0; i < wdt.size(); ++i) wdt[i] = (T)aotc_elem<SW>::load(wd, (int64_t)i);
-  aotc_conv_block<T, NVE, NVP, CE, CH>(se, aotc_conv_nhwc<T>(se, x, xs), aotc_conv_dense(se), we, sd, (const T*)wdt.data(), sp, wp,
-                                       epi_e, epi_d, epi_p);
+  const std::vector<T> wdt = aotc_conv_widened<T>(wd, sd.KH * sd.KW * sd.C);
+  aotc_conv_block<T, NVE, NVP, CE, CH>(se, aotc_conv_nhwc<T>(se, x, xs), aotc_conv_dense(se), we, sd, wdt.data(), sp, wp, epi_e,
+                                       epi_d, epi_p);
 }
 
 #ifdef AOTC_SELFTEST_CONV_DW

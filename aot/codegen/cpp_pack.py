@@ -61,11 +61,19 @@ class Packing:
     pairs: bool = False
 
     @property
+    def panels(self) -> int:
+        return -(-self.n // self.nr)
+
+    @property
+    def rows(self) -> int:
+        """A panel's rows of k: K, or the Winograd transform's positions x channels."""
+        return self.k // 9 * (self.wino + 2) ** 2 if self.wino else self.k
+
+    @property
     def shape(self) -> tuple[int, ...]:
         if self.pairs:
-            return (-(-self.n // self.nr), -(-self.k // 2), self.nr, 2)
-        k = self.k // 9 * (self.wino + 2) ** 2 if self.wino else self.k
-        return (-(-self.n // self.nr), k, self.nr)
+            return (self.panels, -(-self.rows // 2), self.nr, 2)
+        return (self.panels, self.rows, self.nr)
 
     @property
     def dtype(self) -> DType:
@@ -247,7 +255,7 @@ def pack_array(p: Packing, weight: np.ndarray) -> np.ndarray:
     if idx.size and (idx.min() < 0 or idx.max() >= flat.size):
         raise ValueError(f"packing {p.source}: the matmul's view reaches outside the weight")
     b = flat[idx]  # [K, N]
-    panels, kk, nr = -(-p.n // p.nr), (p.k // 9 * (p.wino + 2) ** 2 if p.wino else p.k), p.nr
+    panels, kk, nr = p.panels, p.rows, p.nr
     if p.wino:  # k = (kh * 3 + kw) * C + c becomes pos * C + c
         b = wino_weight(b.reshape(3, 3, -1, p.n), p.wino).reshape(kk, p.n).astype(np.float32)
     if p.pairs:  # [panels][K / 2][NR][2]: k = 2 * pair + half; the weight's own bf16 values, exact
