@@ -25,8 +25,8 @@ from aotc.schema import CpuTarget, CudaTarget, Manifest, ModelInfo, Symbol, Tens
 
 from . import kernel as K
 from .capture import Captured, capture
-from .codegen.cpp_pack import Packing, pack_array, pack_plan, packed_only, without
-from .codegen.cpp_pool import fuse_pools
+from .codegen.cpp_pack import Packing, pack_array, packed_only, without
+from .codegen.cpp_plan import cpu_plan
 from .fusion import fuse
 from .index_ranges import index_ranges
 from .ir import DType, Graph
@@ -99,15 +99,11 @@ def _spec(name: str, dtype: DType, shape: tuple) -> TensorSpec:
     return TensorSpec(name, dtype.value, tuple(to_size(d) for d in shape))
 
 
-def _fuse_pools(plan: K.Plan, packs: list[Packing]) -> tuple[K.Plan, list[Packing]]:
-    return fuse_pools(plan), packs
-
-
 def _cpu_target(
     prog: K.Plan, packs: list[Packing], target: Target, options: BuildOptions, cache_dir: Path, weights: dict[str, np.ndarray],
     sources_dir: Path | None = None,
 ) -> tuple[CpuTarget, dict[str, bytes]]:  # fmt: skip
-    """A CPU target from its plan with packed weights (``pack_plan``); ``weights``: values by label."""
+    """A CPU target from its plan with packed weights (``cpu_plan``); ``weights``: values by label."""
     from .codegen import cpp
     from .compile import compile_cpp
 
@@ -267,7 +263,7 @@ def _build_program(
         log.info("fusion: %s", line)
 
     # Weights packed per CPU level; with CPU targets only, a weight only packed matmuls read stays out.
-    cpu_plans = {t: _fuse_pools(*pack_plan(prog, t.arch, options.winograd)) for t in options.targets if t.kind == "cpu"}
+    cpu_plans = {t: cpu_plan(prog, t.arch, options.winograd) for t in options.targets if t.kind == "cpu"}
     dropped = set() if any(t.kind == "cuda" for t in options.targets) else packed_only(list(cpu_plans.values()))
     cpu_plans = {t: (without(p, dropped), packs) for t, (p, packs) in cpu_plans.items()}
     shared = [w for w in prog.weights if w.name not in dropped]

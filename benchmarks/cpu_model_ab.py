@@ -2,9 +2,11 @@
 process: per engine the wall time and the process's CPU time of single calls, in rounds that alternate the
 engines, at a fixed thread count (the pool's adaptation off: kernel speed, not the thread policy).
 
-    python benchmarks/cpu_model_ab.py [--model mobilenet] [--threads 2] [--rounds 20] [--no-ort] [A.pkg B.pkg ...]
+    python benchmarks/cpu_model_ab.py [--model mobilenet] [--threads 2] [--rounds 20] [--no-ort] [--precision bf16]
+                                      [A.pkg B.pkg ...]
 
-Without packages it builds one from the working tree (``--target``). To compare against another commit,
+Without packages it builds one from the working tree (``--target``, ``--precision``). Each package is fed
+the input in its own dtype (``model.cast``); a bf16 run leaves ONNX Runtime out (no bf16 CPU kernels). To compare against another commit,
 build its package with that commit's builder first, e.g. (``base`` a directory holding ``git archive`` of
 aot/, runtime/ and cpp_templates/ laid out as the installed names: aotc_build/ with cpp_templates/ inside,
 and aotc/)::
@@ -59,7 +61,9 @@ def main() -> None:
     ap.add_argument("--no-ort", action="store_true",
                     help="packages only: ONNX Runtime's threads spin ~20 ms after its calls, CPU time the next "
                          "engine's calls count")  # fmt: skip
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="of the package built when none is given")
     args = ap.parse_args()
+    args.no_ort = args.no_ort or args.precision == "bf16"
     import aotc
     import onnxruntime as ort
 
@@ -79,17 +83,18 @@ def main() -> None:
         from aotc_build.options import BuildOptions, parse_target
 
         pkgs = [work / "m.pkg"]
-        options = BuildOptions(targets=(parse_target(args.target),), selftest=False)
-        build_captured(capture_module(model, (x,), name=args.model), pkgs[0], options)
+        options = BuildOptions(targets=(parse_target(args.target),), selftest=False, precision=args.precision)
+        build_captured(capture_module(model, (x,), name=args.model, precision=args.precision), pkgs[0], options)
     xn = x.numpy()
     with torch.no_grad():
         want = model(x).numpy()
     for p in pkgs:
         m = aotc.load(p, device="cpu", num_threads=args.threads)
         m.executor.set_threads(args.threads, fixed_threads=True)
-        got = np.asarray(m(xn))
-        print(f"{p}: {m.executor.target}, max abs diff to eager {float(np.abs(got - want).max()):.2e}")
-        fns[p.name] = lambda m=m: m(xn)
+        xp = m.cast({m.inputs[0].name: xn})[m.inputs[0].name]
+        got = np.asarray(m(xp)).astype(np.float32)
+        print(f"{p}: {m.executor.target}, max abs diff to fp32 eager {float(np.abs(got - want).max()):.2e}")
+        fns[p.name] = lambda m=m, xp=xp: m(xp)
     wall: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(args.rounds):

@@ -6,6 +6,7 @@ random, never zeros. A case may return several tensors; every one of them is com
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -119,7 +120,7 @@ def check_bf16(run: Any, model: nn.Module, x: torch.Tensor, what: str) -> None:
     got = np.asarray(run(x.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
     with torch.no_grad():
         eager = model(x).double().numpy()
-        ref = model.float()(x.float()).double().numpy()
+        ref = copy.deepcopy(model).float()(x.float()).double().numpy()  # .float() is in place
     scale = np.abs(ref).max()
     err, eager_err = np.abs(got - ref).max() / scale, np.abs(eager - ref).max() / scale
     assert err < max(2e-2, 2 * eager_err), f"{what}: {err:.3g} from fp32 (eager bf16: {eager_err:.3g})"

@@ -52,9 +52,9 @@ MIN_BYTES = 128 * 1024
 
 def depthwise_nhwc(k: K.Conv) -> bool:
     """A depthwise fp32 (or bf16: conv_depthwise.h widens it) conv over channels-last input with its weight
-    stored [kh][kw][C]."""
+    stored [kh][kw][C]; input and weight may differ (a bf16 model's weight widened by cpp_widen.py)."""
     c = k.c_in
-    if not (k.groups == c == k.c_out and k.x.dtype is k.w.dtype and k.x.dtype in (DType.f32, DType.bf16)):
+    if not (k.groups == c == k.c_out and {k.x.dtype, k.w.dtype} <= {DType.f32, DType.bf16}):
         return False
     xs, ws = [sympy.sympify(e) for e in k.x.strides], [sympy.sympify(e) for e in k.w.strides]
     return xs[1] == 1 and ws[0] == 1 and ws[2] == k.kernel[1] * c and ws[3] == c

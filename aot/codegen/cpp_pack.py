@@ -60,6 +60,11 @@ class Packing:
     # bf16 pairs of consecutive k (see the Note above), zero past K
     pairs: bool = False
 
+    @staticmethod
+    def widened(name: str, source: str, numel: int) -> Packing:
+        """The weight itself widened to fp32, in its own layout: one panel, one column wide (cpp_widen.py)."""
+        return Packing(name, source, 0, 1, 0, numel, 1, 1)
+
     @property
     def panels(self) -> int:
         return -(-self.n // self.nr)
@@ -180,7 +185,7 @@ def _conv_packable(k: K.Kernel, weights: set[str]) -> tuple[int, int, tuple[tupl
     weight (a bf16 one is widened here; conv.h converts its bf16 input to fp32 channels-last as it reads it)."""
     if not isinstance(k, K.Conv) or k.packed or k.w.buf not in weights or k.groups != 1:
         return None
-    if k.x.dtype is not k.w.dtype or k.x.dtype not in (DType.f32, DType.bf16):
+    if not {k.x.dtype, k.w.dtype} <= {DType.f32, DType.bf16}:
         return None
     got = [_int(e) for e in (k.w.offset, *k.w.strides)]
     if any(v is None for v in got):
@@ -199,6 +204,7 @@ def pack_plan(plan: K.Plan, level: str, winograd: bool = True) -> tuple[K.Plan, 
     found: dict[tuple, Packing] = {}
     kernels: list[K.Kernel] = []
     labels = dict(plan.labels)
+
     def packing(key: tuple, proto: Packing) -> Packing:
         """The packing ``key`` names, made from ``proto`` (all but its name) the first time."""
         if key not in found:

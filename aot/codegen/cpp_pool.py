@@ -141,12 +141,13 @@ def _fused(plan: K.Plan, conv: K.Kernel, red: K.Kernel) -> K.Conv | None:
         return None
     if len(conv.stores) != 1 or red.row_stores or red.has_gather:
         return None
-    # the conv stores its accumulator, or (a bf16 model) the accumulator rounded to bf16, which the pool then
-    # takes the max or min of: rounding is monotone, so the fused pool (on the fp32 values, rounded as it
-    # stores) gives what rounding first gives, but for the conv's own rounding before the pre ops
+    # the conv stores its accumulator, or (a bf16 model) the accumulator rounded to bf16 (by a cast, or by
+    # the store into a bf16 tensor: cpp_widen.py), which the pool then takes the max or min of: rounding is
+    # monotone, so the fused pool (on the fp32 values, rounded as it stores) gives what rounding first gives,
+    # but for the conv's own rounding before the pre ops
     v, dt = conv.stores[0].value, red.steps[0].dtype
     rounded = isinstance(v, K.Unary) and v.op is Op.CAST and v.dtype is DType.bf16 and isinstance(v.x, K.Acc)
-    if not (isinstance(v, K.Acc) and dt is DType.f32 or rounded and dt is DType.bf16):
+    if not (isinstance(v, K.Acc) and dt in (DType.f32, DType.bf16) or rounded and dt is DType.bf16):
         return None
     if len(red.steps) != 1 or red.steps[0].op not in (Op.RMAX, Op.RMIN):
         return None
