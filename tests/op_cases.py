@@ -112,15 +112,19 @@ def check_batches(run: Any, model: nn.Module, chw: tuple[int, ...], atol: float,
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol * float(np.abs(want).max()))
 
 
-def check_bf16(run: Any, model: nn.Module, x: torch.Tensor, what: str) -> None:
-    """``run`` (a loaded bf16 package) on bf16 ``x`` against ``model`` (in bf16) run in fp32 arithmetic on its
-    bf16 weights: within 2e-2 of the largest output, or twice eager bf16's own distance from it."""
+def check_bf16(run: Any, model: nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...], what: str) -> None:
+    """``run`` (a loaded bf16 package) on ``x`` (bf16 floats; a tuple for several inputs) against ``model`` (in
+    bf16) run in fp32 arithmetic on its bf16 weights: within 2e-2 of the largest output, or twice eager
+    bf16's own distance from it."""
     import ml_dtypes
 
-    got = np.asarray(run(x.float().numpy().astype(ml_dtypes.bfloat16)), dtype=np.float64)
+    xs = x if isinstance(x, tuple) else (x,)
+    feeds = [t.float().numpy().astype(ml_dtypes.bfloat16) if t.is_floating_point() else t.numpy() for t in xs]
+    got = np.asarray(run(*feeds), dtype=np.float64)
     with torch.no_grad():
-        eager = model(x).double().numpy()
-        ref = copy.deepcopy(model).float()(x.float()).double().numpy()  # .float() is in place
+        eager = model(*xs).double().numpy()
+        wide = [t.float() if t.is_floating_point() else t for t in xs]
+        ref = copy.deepcopy(model).float()(*wide).double().numpy()  # .float() is in place
     scale = np.abs(ref).max()
     err, eager_err = np.abs(got - ref).max() / scale, np.abs(eager - ref).max() / scale
     assert err < max(2e-2, 2 * eager_err), f"{what}: {err:.3g} from fp32 (eager bf16: {eager_err:.3g})"
