@@ -263,6 +263,60 @@ static inline __attribute__((always_inline)) void aotc_mm_load_acc(V (&acc)[R][N
     }
 }
 
+// A block of one or two rows (a GEMV: a classifier at batch 1) is packed densely (aotc_mm_few_rows) and runs
+// here, P panels of B at once: R rows alone keep R x NV accumulators, too few chains to hide the FMA
+// latency. Each output still sums its k in order in one chain, as aotc_mm_micro does, so a row's result
+// does not depend on the rows beside it (the server's dynamic batching promises outputs bit for bit equal
+// to a lone call's); partial sums over k were as fast but broke that. No software prefetch: each B byte is
+// used once and in order, the hardware prefetcher keeps up, and the prefetches took issue slots.
+template <class T, int R, int NV, int P>
+static inline void aotc_mm_micro_few(int64_t kc, const T* __restrict ap, const T* __restrict bp, int64_t pstride,
+                                     T* c, int64_t ldc, bool accumulate) {
+  typedef typename aotc_mm_vec<T>::type V;
+  constexpr int L = (int)(sizeof(V) / sizeof(T));
+  constexpr int NR = NV * L;
+  V acc[R][P * NV];  // panel p's vectors follow panel p - 1's in the tile row: one row of P * NV vectors
+  aotc_mm_load_acc<T>(acc, c, ldc, accumulate);
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    V b[P * NV];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) memcpy(&b[p * NV + j], bp + p * pstride + k * NR + j * L, sizeof(V));
+#pragma GCC unroll 2
+    for (int i = 0; i < R; ++i) {
+      const V a = aotc_vset1(ap[k * R + i]);
+#pragma GCC unroll 16
+      for (int j = 0; j < P * NV; ++j) acc[i][j] = aotc_vfma(a, b[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < R; ++i) aotc_mm_store_row<T, P * NV>(c + i * ldc, acc[i]);
+}
+
+// Up to 4 / R panels (``np``, at ``pstride`` apart) of R = ``rows`` rows: 8 chains with NV = 2.
+template <class T, int NV>
+static inline void aotc_mm_few(int rows, int np, int64_t kc, const T* ap, const T* bp, int64_t pstride, T* c,
+                               int64_t ldc, bool accumulate) {
+  if (rows == 1) {
+    switch (np) {
+      case 1: return aotc_mm_micro_few<T, 1, NV, 1>(kc, ap, bp, pstride, c, ldc, accumulate);
+      case 2: return aotc_mm_micro_few<T, 1, NV, 2>(kc, ap, bp, pstride, c, ldc, accumulate);
+      case 3: return aotc_mm_micro_few<T, 1, NV, 3>(kc, ap, bp, pstride, c, ldc, accumulate);
+      default: return aotc_mm_micro_few<T, 1, NV, 4>(kc, ap, bp, pstride, c, ldc, accumulate);
+    }
+  }
+  if (np == 1) return aotc_mm_micro_few<T, 2, NV, 1>(kc, ap, bp, pstride, c, ldc, accumulate);
+  aotc_mm_micro_few<T, 2, NV, 2>(kc, ap, bp, pstride, c, ldc, accumulate);
+}
+
+// The rows R of a block that aotc_mm_micro_few takes (A packed R rows to a strip, not MR), or 0.
+template <int MR>
+static inline int aotc_mm_few_rows(int64_t mb) {
+  return MR > 2 && mb <= 2 ? (int)mb : 0;
+}
+
 template <class T, int MR, int R, int NV>
 static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c,
                                  int64_t ldc, bool accumulate, const T* pf = NULL, int64_t pfk = 0) {
@@ -698,17 +752,30 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
             aotc_mm_micro_tail<T, MR, NV>(h, kc, ap + s * MR * kc, bj, c, nbp, accumulate, pf, pfk);
         }
       };
+      // One or two rows (fp32): aotc_mm_few over the panels from column js, as many as it takes at once.
+      int few = 0;
+      if constexpr (std::is_same<P, T>::value) few = aotc_mm_few_rows<MR>(mb);
+      auto few_panels = [&](int64_t js) -> int64_t {
+        return few ? aotc_mm_min(4 / few, (nbp - js) / NR) : 1;
+      };
+      auto few_run = [&](const P* ap, int64_t kc, const P* bj, int64_t pstride, int64_t js, bool accumulate) {
+        if constexpr (std::is_same<P, T>::value)
+          aotc_mm_few<T, NV>(few, (int)few_panels(js), kc, ap, bj, pstride, tile + js, nbp, accumulate);
+      };
       if (K <= 0) memset(tile, 0, sizeof(T) * (size_t)(mb * nbp));
       if (panel_outer) {  // each panel down all of K: B streams in memory order, its tile columns stay in L1
         int64_t pstride = 0;
         const P* b0 = bsrc.template slice<NR>(bi, n0, nb, nbp, 0, K, bws, &pstride);
         const P* ablk = apacked + (bi * mblocks + mi) * MB * K;
-        for (int64_t js = 0; js < nbp; js += NR)
+        for (int64_t js = 0; js < nbp; js += few_panels(js) * NR)
           for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t kc = aotc_mm_min(K - k0, KC);
             const P* bj = b0 + (js / NR) * pstride + k0 * NR;
             const bool last = js + NR >= nbp && k0 + KC >= K;
-            panel(ablk + k0 * mbp, kc, bj, last ? first_slice(t + 1) : bj + kc * NR, js, k0 > 0);
+            if (few)
+              few_run(ablk + k0 * mbp, kc, bj, pstride, js, k0 > 0);
+            else
+              panel(ablk + k0 * mbp, kc, bj, last ? first_slice(t + 1) : bj + kc * NR, js, k0 > 0);
           }
       } else {
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -732,9 +799,12 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
               next_slice = first_slice(t + 1);
             }
           }
-          for (int64_t js = 0; js < nbp; js += NR) {
+          for (int64_t js = 0; js < nbp; js += few_panels(js) * NR) {
             const P* bj = bp + (js / NR) * pstride;
-            panel(ap, kc, bj, js + NR < nbp ? bj + pstride : next_slice, js, k0 > 0);
+            if (few)
+              few_run(ap, kc, bj, pstride, js, k0 > 0);
+            else
+              panel(ap, kc, bj, js + NR < nbp ? bj + pstride : next_slice, js, k0 > 0);
           }
         }
       }
@@ -858,6 +928,8 @@ int main() {
   fails += aotc_mm_check(1, 64, 1, 500);       // one column, rows 4 x 12 + 8 + 8 on AVX-512
   fails += aotc_mm_check(1, 37, 200, 7300);    // one row block of A past AOTC_MM_A_L2, N ragged: wide tasks
   fails += aotc_mm_check(1, 401, 200, 2000);   // three row blocks, each past AOTC_MM_A_L2: wide tasks too
+  fails += aotc_mm_check(3, 1, 1000, 1283);    // GEMVs (aotc_mm_micro_few): K over slices, no multiple of U
+  fails += aotc_mm_check(2, 2, 70, 301);
   // The wide block: ragged strips and panels, row tasks, big A, several tiles.
   for (int64_t m = 1; m <= 2 * AOTC_MM_MR3 + 1; ++m) fails += aotc_mm_check<3>(1, m, 3 * AOTC_MM_NR_F32 + 5, 9);
   fails += aotc_mm_check<3>(2, 301, 70, 300);

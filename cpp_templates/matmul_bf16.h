@@ -66,7 +66,13 @@ static inline void aotc_mm_pack_a_any(P* dst, const SA* src, int64_t m0, int64_t
                                       int64_t sam, int64_t sak, int64_t ka) {
   if constexpr (std::is_same<P, T>::value) {
     (void)ka;
-    aotc_mm_pack_a<T, SA, MR>(dst, src, m0, mb, k0, kc, sam, sak);
+    const int few = aotc_mm_few_rows<MR>(mb);  // one or two rows: dense, for aotc_mm_micro_few
+    if (few == 1)
+      aotc_mm_pack_a<T, SA, 1>(dst, src, m0, mb, k0, kc, sam, sak);
+    else if (few == 2)
+      aotc_mm_pack_a<T, SA, 2>(dst, src, m0, mb, k0, kc, sam, sak);
+    else
+      aotc_mm_pack_a<T, SA, MR>(dst, src, m0, mb, k0, kc, sam, sak);
   } else {
     static_assert(std::is_same<SA, aotc_bf16_tag>::value && std::is_same<P, uint32_t>::value, "pairs are of bf16");
     aotc_mm_pack_a_pairs<MR>(dst, src, m0, mb, k0, kc, sam, sak, ka);

@@ -81,6 +81,9 @@ PROGS = {
     # padding), W stored [k, n]; and the wide block's 48-column panels with a bf16 output
     "bf16_oddk": (_linear("bf16_oddk", 13 * S0, 70, 259, False, "bias,relu", BF16), 2e-2),
     "bf16_wide": (_linear("bf16_wide", 129 * S0, 94, 301, True, "bias,cast", BF16), 2e-2),
+    # one or two rows: the GEMV kernel (aotc_mm_micro_few), several panels at once, 21 of 32 (AVX-512) or 63
+    # of 16 (AVX2), K over several KC slices and odd
+    "gemv": (_linear("gemv", S0, 1000, 1283, True, "bias"), 2e-4),
 }
 TRIALS = (1, 5, 37)  # s0
 
@@ -177,6 +180,26 @@ def test_packed_matmul_matches_interp(name: str, level: str, built: dict[tuple[s
             g64, p64, w64 = (np.asarray(x, dtype=np.float64) for x in (g, p, w))
             np.testing.assert_allclose(g64, w64, rtol=tol, atol=tol, err_msg=f"{name} at {level}, s0={s0}")
             np.testing.assert_allclose(g64, p64, rtol=tol, atol=tol, err_msg=f"{name} packed vs not at {level}")
+
+
+@pytest.mark.skipif(not LEVELS, reason="needs AVX2")
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", ["gemv", "bf16_oddk"])
+def test_rows_do_not_depend_on_the_batch(name: str, level: str, built: dict[tuple[str, str, bool], Lib]) -> None:
+    """A row's output is the same bit for bit alone, in twos and in a batch of 5 x rows: the server batches
+    requests and promises each the lone call's answer (a GEMV kernel that split K into partial sums broke it)."""
+    prog, _ = PROGS[name]
+    rows = int(eval_index(prog.inputs[0].shape[0], {"s0": 5}))
+    per = rows // 5
+    ins, ws = _data(prog, {"s0": 5}, np.random.default_rng(1))
+    lib = built[(name, level, True)]
+    (whole,) = lib.run(ins, ws, {"s0": 5})
+    for r0 in range(0, rows, per):
+        (one,) = lib.run([ins[0][r0 : r0 + per]], ws, {"s0": 1})
+        np.testing.assert_array_equal(one, whole[r0 : r0 + per], err_msg=f"{name} rows {r0}.. alone at {level}")
+    if per == 1:
+        (two,) = lib.run([ins[0][1:3]], ws, {"s0": 2})
+        np.testing.assert_array_equal(two, whole[1:3], err_msg=f"{name} rows 1-2 as a pair at {level}")
 
 
 # A wide A: few rows, K large (37 and 111 rows x 6000: one row block whose packed A is past AOTC_MM_A_L2 on
