@@ -139,7 +139,7 @@ class Bench:
             block = self.rng.uniform(-1, 1, min(n, 1 << 18)) if np_dt.kind == "f" else np.zeros(min(n, 1 << 18))
             host = np.resize(block.astype(np_dt), n)
             if host.nbytes:
-                self.drv.check(self.drv.lib.cuMemcpyHtoD_v2(ptr, self.drv.ffi.from_buffer(host), host.nbytes), "cuMemcpyHtoD")
+                self.drv.upload(ptr, host, f"tuning buffer {name}")
         return self.ptrs[key]
 
     def time(self, job: Job, tk: tg.TritonKernel, c: Compiled) -> float:

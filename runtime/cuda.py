@@ -228,7 +228,8 @@ class CudaExecutor:
         for w, off in zip(arrays, offsets, strict=True):
             a = np.ascontiguousarray(w)
             if a.nbytes:
-                self.drv.check(self._lib.cuMemcpyHtoD_v2(base + off, host_ptr(self._ffi, a), a.nbytes), "cuMemcpyHtoD (weights)")
+                self.drv.upload(base + off, a, "weights", wait=False)
+        self.drv.wait_uploads("weights")
         table = [0] * len(self._names)
         table[: len(offsets)] = [base + off for off in offsets]  # weights are numbered first
         return table

@@ -217,6 +217,19 @@ class Driver:
             what += f"; {hint}"
         return DeviceError(what)
 
+    def upload(self, dst: int, a: np.ndarray, what: str, wait: bool = True) -> None:
+        """Copy a host array to the device and wait until it is there. A synchronous copy from pageable memory
+        returns once the data is staged, with the DMA still queued on the legacy stream, which our
+        non-blocking streams do not wait for: without the sync a kernel could read (or a later write race)
+        the old bytes. Seen on an H200: a zero-copy run's output overwritten by its poisoned upload.
+        ``wait=False`` leaves the wait to a later ``upload`` or ``wait_uploads`` (many weights, one wait)."""
+        self.check(self.lib.cuMemcpyHtoD_v2(dst, host_ptr(self.ffi, a), a.nbytes), "cuMemcpyHtoD", hint=what)
+        if wait:
+            self.wait_uploads(what)
+
+    def wait_uploads(self, what: str) -> None:
+        self.check(self.lib.cuStreamSynchronize(self.ffi.NULL), "cuStreamSynchronize (legacy stream)", hint=what)
+
     def guard(self) -> None:
         if self.broken is not None:
             raise DeviceError(f"CUDA is unusable in this process after an earlier fault ({self.broken}); restart the process")
@@ -371,7 +384,7 @@ class DeviceArray:
         a = np.ascontiguousarray(a)
         out = cls.empty(drv, a.shape, a.dtype)
         if a.nbytes:
-            drv.check(drv.lib.cuMemcpyHtoD_v2(out.ptr, host_ptr(drv.ffi, a), a.nbytes), "cuMemcpyHtoD")
+            drv.upload(out.ptr, a, "a device array")
         return out
 
     @property
