@@ -831,6 +831,8 @@ void aotc_matmul_packed(int64_t batch, int64_t M, int64_t N, int64_t K, const SA
   aotc_mm_drive<T, NV>(batch, M, N, K, a, offa, sam, sak, bsrc, epi);
 }
 
+#include "matmul_amx.h"  // the bf16 driver on AMX tiles (it uses the pool, threads and workspace above)
+
 // The bf16 matmul with a build-time packed B of bf16 pairs (matmul_bf16.h): ``bp`` is
 // [ceil(N/NR)][ceil(K/2)][NR] pairs, NR = NV vectors; A's elements and the tile's are bf16 and fp32.
 template <int NV = AOTC_MM_NV, class OffA, class Epi>
@@ -838,6 +840,9 @@ void aotc_matmul_packed_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, con
                              int64_t sam, int64_t sak, const aotc_bf16_tag* bp, Epi epi) {
   const int64_t kp = K > 0 ? (K + 1) / 2 : 0;
   const aotc_mm_bpacked<uint32_t> bsrc{reinterpret_cast<const uint32_t*>(static_cast<const void*>(bp)), kp};
+#if defined(__AVX512F__) && defined(__GNUC__) && __GNUC__ >= 11 && defined(__linux__)
+  if (aotc_mm_have_amx()) return aotc_mm_drive_amx<NV>(batch, M, N, K, a, offa, sam, sak, bsrc.p, kp, epi);
+#endif
   aotc_mm_drive<float, NV>(batch, M, N, kp, a, offa, sam, sak, bsrc, epi, K);
 }
 
@@ -896,9 +901,10 @@ static int aotc_mm_check_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, bo
   const int64_t sam = transposed ? 1 : pitch, sak = transposed ? M : 1, per = transposed ? M * K : M * pitch;
   auto offa = [&](int64_t bi) { return bi * per; };
   int fails = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    aotc_mm_dpbf16 = pass == 0 ? 1 : 0;
-    if (pass == 0 && !aotc_mm_have_dpbf16()) continue;
+  for (int pass = 0; pass < 3; ++pass) {  // AMX, VDPBF16PS, widened
+    aotc_mm_amx = pass == 0 ? -1 : 0;
+    aotc_mm_dpbf16 = pass == 1 ? 1 : 0;
+    if ((pass == 0 && !aotc_mm_have_amx()) || (pass == 1 && !aotc_mm_have_dpbf16())) continue;
     aotc_matmul_packed_bf16<NV>(batch, M, N, K, a.data(), offa, sam, sak, bp.data(),
                                 [&](int64_t bi, int64_t m0, int64_t mb, int64_t n0, int64_t nb, const float* tile, int64_t ldt) {
                                   for (int64_t m = m0; m < m0 + mb; ++m)
@@ -912,7 +918,7 @@ static int aotc_mm_check_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, bo
           fails += c[(bi * M + m) * N + n] != (float)ref;
         }
   }
-  aotc_mm_dpbf16 = -1;
+  aotc_mm_dpbf16 = aotc_mm_amx = -1;
   if (fails) printf("bf16 matmul: %d wrong at %ldx%ldx%ldx%ld%s\n", fails, (long)batch, (long)M, (long)N, (long)K, transposed ? " (A transposed)" : "");
   return fails;
 }
