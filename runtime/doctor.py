@@ -56,7 +56,24 @@ def _cpu() -> list[Check]:
         )
     extra = [f for f in _EXTRA_FLAGS if f in flags]
     out.append(Check("cpu flags", "ok" if extra else "note", ", ".join(extra) or "no AVX-512 bf16/VNNI or AMX (bf16 runs slower)"))
+    if "amx_bf16" in flags:
+        out.append(_amx())
     return out
+
+
+def _amx() -> Check:
+    """Whether Linux lets processes use AMX tile data (bf16 matmuls run on it only then): ARCH_GET_XCOMP_SUPP
+    lists the states the kernel supports (5.16 and later); asking changes nothing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        supp = ctypes.c_uint64(0)
+        ok = libc.syscall(158, 0x1021, ctypes.byref(supp)) == 0  # SYS_arch_prctl, ARCH_GET_XCOMP_SUPP
+    except (OSError, AttributeError):
+        ok = False
+    if ok and supp.value >> 18 & 1:
+        return Check("amx", "ok", "tile data enabled by the kernel: bf16 matmuls run on AMX tiles")
+    return Check("amx", "note", "the CPU has AMX but this Linux does not enable it (bf16 matmuls use AVX512_BF16)",
+                 "Linux 5.16 or newer enables AMX")  # fmt: skip
 
 
 def _cpu_model() -> str:

@@ -76,3 +76,23 @@ def test_doctor_lists_gpus_through_a_fake_driver(fake) -> None:
     assert checks["cuda driver"].status == "ok" and "GPU(s)" in checks["cuda driver"].detail
     gpu = checks["gpu 0"]
     assert gpu.status == "ok" and "--target cuda:sm_" in gpu.detail
+
+
+def test_doctor_says_whether_linux_enables_amx(monkeypatch) -> None:
+    """Where the CPU lists AMX, doctor says whether the kernel enables its tile data (the bf16 matmuls need
+    it); the answer here matches what the kernel reports, and a refused syscall reads as a note with a fix."""
+    from aotc import doctor
+
+    monkeypatch.setattr(doctor, "cpu_flags", lambda: frozenset({"avx512f", "amx_tile", "amx_bf16"}))
+    (amx,) = [c for c in doctor._cpu() if c.what == "amx"]
+    assert amx.status in ("ok", "note") and ("tile data" in amx.detail or "does not enable" in amx.detail)
+
+    class NoLibc:
+        def __init__(self, *a: object, **k: object) -> None:
+            raise OSError("no libc")
+
+    monkeypatch.setattr(doctor.ctypes, "CDLL", NoLibc)
+    refused = doctor._amx()
+    assert refused.status == "note" and "5.16" in refused.fix
+    monkeypatch.setattr(doctor, "cpu_flags", lambda: frozenset({"avx512f"}))
+    assert not [c for c in doctor._cpu() if c.what == "amx"]
