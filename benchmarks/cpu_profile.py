@@ -1,6 +1,7 @@
 """Per-kernel CPU time of an aotc package: where a model's milliseconds go, kernel by kernel.
 
     python benchmarks/cpu_profile.py [--model bert] [--target cpu:native] [--calls 20] [--threads N] [--top 25]
+                                     [--precision bf16]
 
 Builds one of cpu_side_by_side.py's models with its C++ instrumented: each kernel call in ``aotc_run``
 is bracketed by ``omp_get_wtime`` and the seconds summed per kernel into a table the library exports as
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--cpu-time", action="store_true", help="CPU time of the process instead of wall time (a loaded machine)")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: the model and its package in bfloat16")
     ap.add_argument("--source", type=Path, default=None, help="also write the generated C++ here")
     args = ap.parse_args()
     if args.cpu_time:
@@ -93,9 +96,15 @@ def main() -> None:
     cpp.generate = generate
     title, make, inputs = MODELS[args.model]
     model, x = prepared(make, inputs)
+    if args.precision == "bf16":
+        import torch
+
+        model = model.to(torch.bfloat16)
+        x = x.to(torch.bfloat16) if x.is_floating_point() else x
     work = Path(tempfile.mkdtemp(prefix="prof_"))
     pkg = work / "m.pkg"
-    build_captured(capture_module(model, (x,), name=args.model), pkg, BuildOptions(targets=(parse_target(args.target),), selftest=False))
+    cap = capture_module(model, (x,), name=args.model, precision=args.precision)
+    build_captured(cap, pkg, BuildOptions(targets=(parse_target(args.target),), selftest=False, precision=args.precision))
     m = aotc.load(pkg, device="cpu", num_threads=args.threads)
     ex = m.executor
     so = work / "model.so"
@@ -103,8 +112,8 @@ def main() -> None:
     lib = ctypes.CDLL(str(so))
     lib.aotc_set_num_threads(args.threads)
 
-    xn = np.ascontiguousarray(x.numpy())
-    outs = [np.empty(s.shape, np.float32) for s in m.outputs]  # fixed shapes: the bench models are static
+    xn = np.ascontiguousarray(x.float().numpy().astype(ml_dtypes.bfloat16) if args.precision == "bf16" and x.is_floating_point() else x.numpy())
+    outs = [np.empty(s.shape, aotc.schema.numpy_dtype(s.dtype)) for s in m.outputs]  # fixed shapes: the bench models are static
     arena = aotc.package.aligned_empty(int(ex.spec.arena_bytes) + 64) if isinstance(ex.spec.arena_bytes, int) else None
     assert arena is not None, "a package with a symbolic arena size"
     P = ctypes.c_void_p

@@ -4,10 +4,10 @@
 // The build-time packed B (bf16 pairs, [ceil(N / NR)][ceil(K / 2)][NR], matmul_bf16.h) is already AMX's B
 // layout: a B tile is 16 rows of pairs x 16 columns, loaded from a panel at a row stride of NR pairs. A is
 // packed per call into 16-row groups of 32-element (64-byte) chunks, zero past M and K, so that every tile
-// is 16 x 64 bytes and one tile configuration serves every call. A block of RT x 16 rows by NT x 16
-// columns (NT = the panel's vectors) keeps its RT x NT accumulator tiles over all of K, then stores them
-// into the fp32 tile the driver's epilogue reads. Every row count takes this path on a CPU with AMX, so a
-// row's result does not depend on the rows beside it (the server's batching promises that).
+// is 16 x 64 bytes and one tile configuration serves every call. A block of 32 rows by two 16-column tile
+// columns (of one panel, or of two where panels are 48 wide) keeps its 2 x 2 accumulator tiles over all of
+// K, then stores them into the fp32 tile the driver's epilogue reads. Every row count takes this path on a
+// CPU with AMX, so a row's result does not depend on the rows beside it (the server's batching promises it).
 // Numerics: pair products exact in fp32, sums rounded to nearest even, denormals flushed, as VDPBF16PS.
 // What it is not: the fp32 path (AMX has no fp32 multiply), nor attention's matmuls.
 #ifndef AOTC_MATMUL_H
@@ -82,78 +82,67 @@ __attribute__((target("amx-tile"))) static inline void aotc_mm_amx_configure() {
   _tile_loadconfig(&cfg);
 }
 
-// The chunk ch of B for a block: rows of pairs [16 ch, 16 ch + 16) of the panel, or the zero-padded copy of
-// the last, partial chunk (reading past the panel would read the next one, or past the weights).
-#define AOTC_AMX_B(ch) ((ch) < full ? bp + (ch) * 16 * NR : tail)
+// B chunk ch of a tile column is rows of pairs [16 ch, 16 ch + 16) of its 16 columns in the panel (at the
+// panel's row stride); the last chunk, when partial, comes from a zero-padded copy (``t0``, ``t1``, 64-byte
+// rows), peeled off the loop: reading past the panel would read the next one, or past the weights.
 
-// 32 rows x 32 columns (two A groups, a 2-vector panel): accumulators 0-3, A in 4-5, B in 6-7.
+// 32 rows x two tile columns of 16 (B tiles b0 and b1, from one panel or two): accumulators 0-3, A in 4-5,
+// B in 6-7. Each chunk loads 4 tiles for 4 products: tile loads, not products, bound these kernels, and a
+// 16 x 48 block (1 A and 3 B tiles for 3 products) ran 1.3-1.45x slower.
+#define AOTC_AMX_2X2(A, B0, B1, SB)  \
+  _tile_loadd(4, A, 64);             \
+  _tile_loadd(5, (A) + astride, 64); \
+  _tile_loadd(6, B0, SB);            \
+  _tile_loadd(7, B1, SB);            \
+  _tile_dpbf16ps(0, 4, 6);           \
+  _tile_dpbf16ps(1, 4, 7);           \
+  _tile_dpbf16ps(2, 5, 6);           \
+  _tile_dpbf16ps(3, 5, 7)
 template <int NR>
 __attribute__((target("amx-tile,amx-bf16"))) static void aotc_mm_amx_2x2(int64_t chunks, int64_t full, const uint16_t* ap,
-                                                                        int64_t astride, const uint32_t* bp,
-                                                                        const uint32_t* tail, float* c, int64_t ldc) {
+                                                                        int64_t astride, const uint32_t* b0, const uint32_t* t0,
+                                                                        const uint32_t* b1, const uint32_t* t1, float* c0,
+                                                                        float* c1, int64_t ldc) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const uint32_t* b = AOTC_AMX_B(ch);
-    _tile_loadd(4, ap + ch * 512, 64);
-    _tile_loadd(5, ap + astride + ch * 512, 64);
-    _tile_loadd(6, b, NR * 4);
-    _tile_loadd(7, b + 16, NR * 4);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+  for (int64_t ch = 0; ch < full; ++ch) {
+    AOTC_AMX_2X2(ap + ch * 512, b0 + ch * 16 * NR, b1 + ch * 16 * NR, NR * 4);
   }
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16, ldc * 4);
-  _tile_stored(2, c + 16 * ldc, ldc * 4);
-  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
-}
-
-// 16 rows x 48 columns (one A group, a 3-vector panel): accumulators 0-2, A in 3, B in 4-6.
-template <int NR>
-__attribute__((target("amx-tile,amx-bf16"))) static void aotc_mm_amx_1x3(int64_t chunks, int64_t full, const uint16_t* ap,
-                                                                        int64_t, const uint32_t* bp,
-                                                                        const uint32_t* tail, float* c, int64_t ldc) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const uint32_t* b = AOTC_AMX_B(ch);
-    _tile_loadd(3, ap + ch * 512, 64);
-    _tile_loadd(4, b, NR * 4);
-    _tile_loadd(5, b + 16, NR * 4);
-    _tile_loadd(6, b + 32, NR * 4);
-    _tile_dpbf16ps(0, 3, 4);
-    _tile_dpbf16ps(1, 3, 5);
-    _tile_dpbf16ps(2, 3, 6);
+  if (full < chunks) {
+    AOTC_AMX_2X2(ap + full * 512, t0, t1, 64);
   }
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16, ldc * 4);
-  _tile_stored(2, c + 32, ldc * 4);
+  _tile_stored(0, c0, ldc * 4);
+  _tile_stored(1, c1, ldc * 4);
+  _tile_stored(2, c0 + 16 * ldc, ldc * 4);
+  _tile_stored(3, c1 + 16 * ldc, ldc * 4);
 }
+#undef AOTC_AMX_2X2
 
-// 32 rows x 16 columns (two A groups, a 1-vector panel): accumulators 0-1, A in 2-3, B in 4.
+// 32 rows x one tile column (the last of an odd count): accumulators 0-1, A in 2-3, B in 4.
+#define AOTC_AMX_2X1(A, B0, SB)      \
+  _tile_loadd(2, A, 64);             \
+  _tile_loadd(3, (A) + astride, 64); \
+  _tile_loadd(4, B0, SB);            \
+  _tile_dpbf16ps(0, 2, 4);           \
+  _tile_dpbf16ps(1, 3, 4)
 template <int NR>
 __attribute__((target("amx-tile,amx-bf16"))) static void aotc_mm_amx_2x1(int64_t chunks, int64_t full, const uint16_t* ap,
-                                                                        int64_t astride, const uint32_t* bp,
-                                                                        const uint32_t* tail, float* c, int64_t ldc) {
+                                                                        int64_t astride, const uint32_t* b0, const uint32_t* t0,
+                                                                        float* c0, int64_t ldc) {
   _tile_zero(0);
   _tile_zero(1);
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const uint32_t* b = AOTC_AMX_B(ch);
-    _tile_loadd(2, ap + ch * 512, 64);
-    _tile_loadd(3, ap + astride + ch * 512, 64);
-    _tile_loadd(4, b, NR * 4);
-    _tile_dpbf16ps(0, 2, 4);
-    _tile_dpbf16ps(1, 3, 4);
+  for (int64_t ch = 0; ch < full; ++ch) {
+    AOTC_AMX_2X1(ap + ch * 512, b0 + ch * 16 * NR, NR * 4);
   }
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16 * ldc, ldc * 4);
+  if (full < chunks) {
+    AOTC_AMX_2X1(ap + full * 512, t0, 64);
+  }
+  _tile_stored(0, c0, ldc * 4);
+  _tile_stored(1, c0 + 16 * ldc, ldc * 4);
 }
-#undef AOTC_AMX_B
+#undef AOTC_AMX_2X1
 
 __attribute__((target("amx-tile"))) static inline void aotc_mm_amx_release() { _tile_release(); }
 
@@ -163,7 +152,7 @@ __attribute__((target("amx-tile"))) static inline void aotc_mm_amx_release() { _
 template <int NV, class OffA, class Epi>
 static void aotc_mm_drive_amx(int64_t batch, int64_t M, int64_t N, int64_t K, const aotc_bf16_tag* a, OffA offa,
                               int64_t sam, int64_t sak, const uint32_t* bp, int64_t kp, Epi epi) {
-  constexpr int NR = NV * 16, RT = NV == 3 ? 1 : 2, ROWS = 16 * RT;
+  constexpr int NR = NV * 16, ROWS = 32;  // blocks of 32 rows x 32 columns (two tile columns of 16)
   if (batch <= 0 || M <= 0 || N <= 0) return;
   const int64_t chunks = (kp + 15) / 16, full = kp / 16;
   const int64_t mpad = aotc_roundup(M, ROWS), gpad = mpad / 16;  // A groups of 16 rows per batch, zero past M
@@ -177,9 +166,10 @@ static void aotc_mm_drive_amx(int64_t batch, int64_t M, int64_t N, int64_t K, co
   int64_t NB = aotc_mm_min(aotc_roundup(N, NR), 16 * NR);
   while (NB > NR && batch * mblocks * ((N + NB - 1) / NB) < want) NB = aotc_roundup(NB / 2, NR);
   const int64_t nblocks = (N + NB - 1) / NB, tasks = batch * mblocks * nblocks;
-  // workspace, in floats: packed A (bf16, two to a float), then per thread a tile and a B tail chunk
+  // workspace, in floats: packed A (bf16, two to a float), then per thread a tile and the B tail chunks
+  // (16 x 16 pairs per tile column)
   const int64_t a_all = aotc_roundup(batch * gpad * chunks * 256, 16);
-  const int64_t per = aotc_roundup(MB * NB + 16 * NR, 16);
+  const int64_t per = aotc_roundup(MB * NB + 16 * NB, 16);
   const bool nested = omp_in_parallel() || aotc_pool_inside;
   const int nthreads = nested ? 1 : aotc_mm_threads(flops / 8.0, tasks);
   const size_t bytes = ((size_t)a_all + (size_t)per * (size_t)nthreads) * sizeof(float);
@@ -193,33 +183,35 @@ static void aotc_mm_drive_amx(int64_t batch, int64_t M, int64_t N, int64_t K, co
   });
   aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) {
     float* tile = ws + a_all + (int64_t)slot * per;
-    uint32_t* tail = reinterpret_cast<uint32_t*>(tile + MB * NB);
+    uint32_t* tails = reinterpret_cast<uint32_t*>(tile + MB * NB);
     const int64_t bi = t / (mblocks * nblocks), mi = t / nblocks % mblocks, ni = t % nblocks;
     const int64_t m0 = mi * MB, n0 = ni * NB;
     const int64_t mb = aotc_mm_min(M - m0, MB), nb = aotc_mm_min(N - n0, NB);
     if (mb <= 0) return;  // a block of padding rows alone
-    const int64_t rows = aotc_roundup(mb, ROWS), nbp = aotc_roundup(nb, NR);
+    const int64_t rows = aotc_roundup(mb, ROWS), cols = aotc_roundup(nb, NR) / 16;  // tile columns
     const uint16_t* ablk = apk + (bi * gpad + m0 / 16) * chunks * 512;
-    aotc_mm_amx_configure();
-    for (int64_t js = 0; js < nbp; js += NR) {
-      const uint32_t* panel = bp + (n0 + js) / NR * kp * NR;
-      if (full < chunks) {
-        memset(tail, 0, sizeof(uint32_t) * 16 * NR);
-        memcpy(tail, panel + full * 16 * NR, sizeof(uint32_t) * (size_t)((kp - full * 16) * NR));
+    // tile column q: 16 columns at offset q % NV * 16 of panel q / NV; its tail chunk at tails + q * 256
+    auto column = [&](int64_t q) { return bp + ((n0 / 16 + q) / NV) * kp * NR + (q % NV) * 16; };
+    if (full < chunks)
+      for (int64_t q = 0; q < cols; ++q) {
+        uint32_t* tq = tails + q * 256;
+        memset(tq, 0, sizeof(uint32_t) * 256);
+        for (int64_t r = 0; r < kp - full * 16; ++r) memcpy(tq + r * 16, column(q) + (full * 16 + r) * NR, 64);
       }
+    aotc_mm_amx_configure();
+    for (int64_t q = 0; q < cols; q += 2) {
       for (int64_t r = 0; r < rows; r += ROWS) {
         const uint16_t* ap = ablk + r / 16 * chunks * 512;
-        float* c = tile + r * nbp + js;
-        if constexpr (NV == 2)
-          aotc_mm_amx_2x2<NR>(chunks, full, ap, chunks * 512, panel, tail, c, nbp);
-        else if constexpr (NV == 3)
-          aotc_mm_amx_1x3<NR>(chunks, full, ap, chunks * 512, panel, tail, c, nbp);
+        float* c = tile + r * cols * 16 + q * 16;
+        if (q + 1 < cols)
+          aotc_mm_amx_2x2<NR>(chunks, full, ap, chunks * 512, column(q), tails + q * 256, column(q + 1),
+                              tails + (q + 1) * 256, c, c + 16, cols * 16);
         else
-          aotc_mm_amx_2x1<NR>(chunks, full, ap, chunks * 512, panel, tail, c, nbp);
+          aotc_mm_amx_2x1<NR>(chunks, full, ap, chunks * 512, column(q), tails + q * 256, c, cols * 16);
       }
     }
     aotc_mm_amx_release();  // no tile state left for context switches to save
-    epi(bi, m0, mb, n0, nb, (const float*)tile, nbp);
+    epi(bi, m0, mb, n0, nb, (const float*)tile, cols * 16);
   });
   free(own);
 }
