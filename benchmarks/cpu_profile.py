@@ -112,7 +112,8 @@ def main() -> None:
     lib = ctypes.CDLL(str(so))
     lib.aotc_set_num_threads(args.threads)
 
-    xn = np.ascontiguousarray(x.float().numpy().astype(ml_dtypes.bfloat16) if args.precision == "bf16" and x.is_floating_point() else x.numpy())
+    bf16_in = args.precision == "bf16" and x.is_floating_point()
+    xn = np.ascontiguousarray(x.float().numpy().astype(ml_dtypes.bfloat16) if bf16_in else x.numpy())
     outs = [np.empty(s.shape, aotc.schema.numpy_dtype(s.dtype)) for s in m.outputs]  # fixed shapes: the bench models are static
     arena = aotc.package.aligned_empty(int(ex.spec.arena_bytes) + 64) if isinstance(ex.spec.arena_bytes, int) else None
     assert arena is not None, "a package with a symbolic arena size"

@@ -89,13 +89,14 @@ __attribute__((target("amx-tile"))) static inline void aotc_mm_amx_configure() {
 // 32 rows x two tile columns of 16 (B tiles b0 and b1, from one panel or two): accumulators 0-3, A in 4-5,
 // B in 6-7. Each chunk loads 4 tiles for 4 products: tile loads, not products, bound these kernels, and a
 // 16 x 48 block (1 A and 3 B tiles for 3 products) ran 1.3-1.45x slower.
+// Each product issued as soon as its tiles are loaded (2-6% over four loads, then four products).
 #define AOTC_AMX_2X2(A, B0, B1, SB)  \
   _tile_loadd(4, A, 64);             \
-  _tile_loadd(5, (A) + astride, 64); \
   _tile_loadd(6, B0, SB);            \
-  _tile_loadd(7, B1, SB);            \
   _tile_dpbf16ps(0, 4, 6);           \
+  _tile_loadd(7, B1, SB);            \
   _tile_dpbf16ps(1, 4, 7);           \
+  _tile_loadd(5, (A) + astride, 64); \
   _tile_dpbf16ps(2, 5, 6);           \
   _tile_dpbf16ps(3, 5, 7)
 template <int NR>
@@ -123,9 +124,9 @@ __attribute__((target("amx-tile,amx-bf16"))) static void aotc_mm_amx_2x2(int64_t
 // 32 rows x one tile column (the last of an odd count): accumulators 0-1, A in 2-3, B in 4.
 #define AOTC_AMX_2X1(A, B0, SB)      \
   _tile_loadd(2, A, 64);             \
-  _tile_loadd(3, (A) + astride, 64); \
   _tile_loadd(4, B0, SB);            \
   _tile_dpbf16ps(0, 2, 4);           \
+  _tile_loadd(3, (A) + astride, 64); \
   _tile_dpbf16ps(1, 3, 4)
 template <int NR>
 __attribute__((target("amx-tile,amx-bf16"))) static void aotc_mm_amx_2x1(int64_t chunks, int64_t full, const uint16_t* ap,
