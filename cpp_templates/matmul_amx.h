@@ -8,7 +8,8 @@
 // columns (of one panel, or of two where panels are 48 wide) keeps its 2 x 2 accumulator tiles over all of
 // K, then stores them into the fp32 tile the driver's epilogue reads. Every row count takes this path on a
 // CPU with AMX, so a row's result does not depend on the rows beside it (the server's batching promises it).
-// Numerics: pair products exact in fp32, sums rounded to nearest even, denormals flushed, as VDPBF16PS.
+// Numerics: pair products exact in fp32, sums rounded to nearest even, denormals flushed, like VDPBF16PS
+// (the two may differ in the last bits: a machine uses one or the other for every call).
 // What it is not: the fp32 path (AMX has no fp32 multiply), nor attention's matmuls.
 #ifndef AOTC_MATMUL_H
 #include "matmul.h"
