@@ -158,10 +158,13 @@ static void aotc_mm_drive_amx(int64_t batch, int64_t M, int64_t N, int64_t K, co
   if (batch <= 0 || M <= 0 || N <= 0) return;
   const int64_t chunks = (kp + 15) / 16, full = kp / 16;
   const int64_t mpad = aotc_roundup(M, ROWS), gpad = mpad / 16;  // A groups of 16 rows per batch, zero past M
-  // A tile is ~16x an fp32 FMA's work per instruction: a thread pays for itself at that much more work.
-  const double flops = 2.0 * (double)batch * (double)M * (double)N * (double)(K > 0 ? K : 1);
+  // A tile product does ~16x an fp32 FMA's work, so a thread pays for itself at ~8x the flops; the weight
+  // stream counts as in aotc_mm_drive (a byte ~10 flops of one core's time): a GEMV is memory-bound, and
+  // left on one thread by its flops alone it read 4096 x 4096 bf16 weights at 23 GB/s instead of 37.
+  const double work = 2.0 * (double)batch * (double)M * (double)N * (double)(K > 0 ? K : 1) / 8.0 +
+                      10.0 * (double)N * (double)kp * 4.0;
   const int64_t most = aotc_pool_threads();
-  const int64_t by_work = aotc_mm_min(most, (int64_t)(flops / (8.0 * AOTC_MM_FLOPS_PER_THREAD)));
+  const int64_t by_work = aotc_mm_min(most, (int64_t)(work / AOTC_MM_FLOPS_PER_THREAD));
   const int64_t want = by_work > 1 ? by_work * AOTC_MM_TASKS_PER_THREAD : 1;
   const int64_t mblocks = (mpad + AOTC_MM_MB - 1) / AOTC_MM_MB;
   const int64_t MB = aotc_roundup((mpad + mblocks - 1) / mblocks, ROWS);
@@ -173,7 +176,7 @@ static void aotc_mm_drive_amx(int64_t batch, int64_t M, int64_t N, int64_t K, co
   const int64_t a_all = aotc_roundup(batch * gpad * chunks * 256, 16);
   const int64_t per = aotc_roundup(MB * NB + 16 * NB, 16);
   const bool nested = omp_in_parallel() || aotc_pool_inside;
-  const int nthreads = nested ? 1 : aotc_mm_threads(flops / 8.0, tasks);
+  const int nthreads = nested ? 1 : aotc_mm_threads(work, tasks);
   const size_t bytes = ((size_t)a_all + (size_t)per * (size_t)nthreads) * sizeof(float);
   float* own = nested ? static_cast<float*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
   if (nested && own == NULL) throw std::bad_alloc();
