@@ -572,17 +572,8 @@ static void aotc_attention(int64_t nbatch, int64_t L, int64_t S, int64_t E, int6
   const int64_t per_slot = aotc_attn_roundup(per, 16);
   // the library's kept workspace (matmul.h) unless nested in a caller's parallel loop: no per-call allocation
   const bool nested = aotc_pool_inside || omp_in_parallel();
-  const size_t bytes = (size_t)(per_slot * nthreads) * sizeof(float);
-  float* own = nested ? static_cast<float*>(aligned_alloc(64, bytes)) : NULL;
-  if (nested && own == NULL) throw std::bad_alloc();
-  float* ws_all = nested ? own : static_cast<float*>(aotc_mm_workspace(bytes));
-  try {
-    aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) { task(t, ws_all + slot * per_slot); });
-  } catch (...) {
-    free(own);
-    throw;
-  }
-  free(own);
+  const aotc_mm_scratch<float> scratch((size_t)(per_slot * nthreads), nested);
+  aotc_pool_run(tasks, nthreads, [&](int64_t t, int slot) { task(t, scratch.p + slot * per_slot); });
 }
 
 #ifdef AOTC_SELFTEST_ATTENTION

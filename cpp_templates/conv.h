@@ -271,26 +271,17 @@ static std::vector<T> aotc_conv_widened(const S* p, int64_t n) {
 // when an epilogue's exception comes back through aotc_pool_run.
 template <class T>
 struct aotc_conv_bufs {
-  T* ws = nullptr;
-  T* zero = nullptr;
-  T* own = nullptr;
-  aotc_conv_bufs(int64_t per, int nthreads, int64_t zeros, bool nested) {
-    const size_t bytes = (size_t)(per * nthreads) * sizeof(T);
-    zero = static_cast<T*>(calloc((size_t)(zeros > 0 ? zeros : 1), sizeof(T)));
-    own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : nullptr;
-    if (zero == NULL || (nested && own == NULL)) {
-      free(zero);
-      free(own);
-      throw std::bad_alloc();
-    }
-    ws = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  aotc_mm_scratch<T> scratch;
+  T* ws;
+  T* zero;
+  aotc_conv_bufs(int64_t per, int nthreads, int64_t zeros, bool nested)
+      : scratch((size_t)(per * nthreads), nested), ws(scratch.p),
+        zero(static_cast<T*>(calloc((size_t)(zeros > 0 ? zeros : 1), sizeof(T)))) {
+    if (zero == NULL) throw std::bad_alloc();  // scratch frees itself
   }
   aotc_conv_bufs(const aotc_conv_bufs&) = delete;
   aotc_conv_bufs& operator=(const aotc_conv_bufs&) = delete;
-  ~aotc_conv_bufs() {
-    free(own);
-    free(zero);
-  }
+  ~aotc_conv_bufs() { free(zero); }
 };
 
 // True where a parallel loop started now would run nested (inside a pool chunk or an OpenMP region).

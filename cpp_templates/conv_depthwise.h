@@ -266,10 +266,8 @@ void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, 
   // a tile per thread, then its KH row pointers
   const int64_t per = aotc_roundup(s.OW * CB + s.KH * (int64_t)(sizeof(void*) / sizeof(T) + 1), 64 / (int64_t)sizeof(T));
   // the library's kept workspace (matmul.h) unless nested in a caller's parallel loop: no per-call allocation
-  const size_t bytes = (size_t)(per * nthreads) * sizeof(T);
-  T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
-  if (nested && own == NULL) throw std::bad_alloc();
-  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  const aotc_mm_scratch<T> scratch((size_t)(per * nthreads), nested);
+  T* ws_all = scratch.p;
   aotc_pool_run(tasks, nthreads, [&](int64_t task, int slot) {
     T* tile = ws_all + (int64_t)slot * per;
     const T** rows = reinterpret_cast<const T**>(tile + aotc_roundup(s.OW * CB, 64 / (int64_t)sizeof(T)));
@@ -282,7 +280,6 @@ void aotc_conv2d_dw(const aotc_conv_shape& s, const T* x, aotc_conv_strides xs, 
       aotc_conv_dw_row<T, 0>(s, rows, xs.s3, w, c0, cb, tile, CB);
     epi(n, oh * s.OW, s.OW, c0, cb, (const T*)tile, CB);
   });
-  free(own);
 }
 
 // The same over 16-bit float input and weight (a bf16 model): the input copied to dense channels-last T once

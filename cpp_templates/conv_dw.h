@@ -304,10 +304,8 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   const int64_t drow_sz = aotc_roundup(R * OW * ldd, align), ptile_sz = aotc_roundup(EP * ldp, align);
   const int64_t ind_sz = aotc_roundup((EP + KH) * ptr, align);  // pixel pointers, then KH row pointers
   const int64_t per = ring_sz + etile_sz + drow_sz + ptile_sz + ind_sz + aotc_roundup(ldr, align);  // + the expand's bias
-  const size_t bytes = (size_t)(per * threads + part_sz * N * slices) * sizeof(T);
-  T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
-  if (nested && own == NULL) throw std::bad_alloc();
-  T* ws_all = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  const aotc_mm_scratch<T> scratch((size_t)(per * threads + part_sz * N * slices), nested);
+  T* ws_all = scratch.p;
   T* parts = ws_all + per * threads;
   // Per slot: its last task (whose rows its ring still holds)
   int64_t last_task[AOTC_POOL_MAX];
@@ -404,7 +402,6 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
       }
       epi_p(n, p0, np, (int64_t)0, sp.O, (const T*)acc, ldp);
     }
-  free(own);
 }
 
 // The block over bf16 input and depthwise weight (a bf16 model; the 1x1 convs' weights are widened when

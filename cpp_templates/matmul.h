@@ -593,6 +593,28 @@ static void* aotc_mm_workspace(size_t bytes) {
   return buf;
 }
 
+// One call's workspace of ``n`` elements: the library's kept one (aotc_mm_workspace), or, called from inside
+// a parallel region (a caller's own loop, ``nested``), a private one freed with this object: the kept one is
+// shared by the library's top-level calls only. Freed on scope exit, also when an exception passes.
+template <class T>
+struct aotc_mm_scratch {
+  T* p = nullptr;
+  T* own = nullptr;
+  aotc_mm_scratch(size_t n, bool nested) {
+    const size_t bytes = n * sizeof(T);
+    if (!nested) {
+      p = static_cast<T*>(aotc_mm_workspace(bytes));
+      return;
+    }
+    own = static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (own == NULL) throw std::bad_alloc();
+    p = own;
+  }
+  aotc_mm_scratch(const aotc_mm_scratch&) = delete;
+  aotc_mm_scratch& operator=(const aotc_mm_scratch&) = delete;
+  ~aotc_mm_scratch() { free(own); }
+};
+
 // Threads for ``flops`` of work in ``tasks`` tasks.
 static inline int aotc_mm_threads(double flops, int64_t tasks) {
   const int most = aotc_pool_threads();
@@ -684,10 +706,8 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
   // workspace: the kept one is shared by the library's top-level calls only.
   const bool nested = omp_in_parallel() || aotc_pool_inside;
   const int nthreads = nested ? 1 : aotc_mm_threads(flops, tasks);
-  const size_t bytes = ((size_t)a_all + (size_t)per * (size_t)nthreads) * sizeof(T);
-  T* own = nested ? static_cast<T*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
-  if (nested && own == NULL) throw std::bad_alloc();
-  T* const ws_base = nested ? own : static_cast<T*>(aotc_mm_workspace(bytes));
+  const aotc_mm_scratch<T> scratch((size_t)a_all + (size_t)per * (size_t)nthreads, nested);
+  T* const ws_base = scratch.p;
   P* const apacked = reinterpret_cast<P*>(ws_base);
   T* const ws_all = ws_base + a_all;
   {
@@ -811,7 +831,6 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
       epi(bi, m0, mb, n0, nb, (const T*)tile, nbp);
     });
   }
-  free(own);
 }
 
 // The batched matmul of two strided operands. ``offa(b)``/``offb(b)`` give the element offset of batch b.

@@ -177,10 +177,8 @@ static void aotc_mm_drive_amx(int64_t batch, int64_t M, int64_t N, int64_t K, co
   const int64_t per = aotc_roundup(MB * NB + 16 * NB, 16);
   const bool nested = omp_in_parallel() || aotc_pool_inside;
   const int nthreads = nested ? 1 : aotc_mm_threads(work, tasks);
-  const size_t bytes = ((size_t)a_all + (size_t)per * (size_t)nthreads) * sizeof(float);
-  float* own = nested ? static_cast<float*>(aligned_alloc(64, (bytes + 63) / 64 * 64)) : NULL;
-  if (nested && own == NULL) throw std::bad_alloc();
-  float* const ws = nested ? own : static_cast<float*>(aotc_mm_workspace(bytes));
+  const aotc_mm_scratch<float> scratch((size_t)a_all + (size_t)per * (size_t)nthreads, nested);
+  float* const ws = scratch.p;
   uint16_t* const apk = reinterpret_cast<uint16_t*>(ws);
   aotc_pool_run(batch * gpad, nthreads, [&](int64_t j, int) {
     const int64_t bi = j / gpad, g = j % gpad;
@@ -218,7 +216,6 @@ static void aotc_mm_drive_amx(int64_t batch, int64_t M, int64_t N, int64_t K, co
     aotc_mm_amx_release();  // no tile state left for context switches to save
     epi(bi, m0, mb, n0, nb, (const float*)tile, cols * 16);
   });
-  free(own);
 }
 #endif
 
