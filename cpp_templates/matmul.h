@@ -953,7 +953,7 @@ int main() {
   fails += aotc_mm_check(1, 64, 1, 500);       // one column, rows 4 x 12 + 8 + 8 on AVX-512
   fails += aotc_mm_check(1, 37, 200, 7300);    // one row block of A past AOTC_MM_A_L2, N ragged: wide tasks
   fails += aotc_mm_check(1, 401, 200, 2000);   // three row blocks, each past AOTC_MM_A_L2: wide tasks too
-  fails += aotc_mm_check(3, 1, 1000, 1283);    // GEMVs (aotc_mm_micro_few): K over slices, no multiple of U
+  fails += aotc_mm_check(3, 1, 1000, 1283);    // GEMVs (aotc_mm_micro_few): K over slices, ragged panel groups
   fails += aotc_mm_check(2, 2, 70, 301);
   // The wide block: ragged strips and panels, row tasks, big A, several tiles.
   for (int64_t m = 1; m <= 2 * AOTC_MM_MR3 + 1; ++m) fails += aotc_mm_check<3>(1, m, 3 * AOTC_MM_NR_F32 + 5, 9);
