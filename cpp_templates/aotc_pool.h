@@ -218,7 +218,7 @@ struct aotc_pool_call {  // RAII: aotc_run's body is one call, also when a kerne
 extern "C" __attribute__((visibility("default"), weak)) int32_t aotc_pool_stats_get(int64_t* out, int32_t n) {
   const aotc_pool_stats& s = aotc_the_pool().stats;
   const int64_t all[] = {s.calls, s.loops, s.stalls, s.drops, s.solo_calls, s.probes, s.wakes,
-                         s.wait_ns, s.loss_ns, s.gain_ns, s.worker_chunks, s.chunks, s.serial, s.explores, s.busy_skips};
+                         s.wait_ns, s.loss_ns, s.gain_ns, s.worker_chunks, s.chunks, s.serial, s.explores, s.busy_skips, s.moves};
   const int32_t have = (int32_t)(sizeof all / sizeof all[0]);
   for (int32_t i = 0; i < n && i < have; ++i) out[i] = all[i];
   return have;

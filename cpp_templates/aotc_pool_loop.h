@@ -162,6 +162,9 @@ static thread_local bool aotc_pool_inside = false;
 struct aotc_worker {
   alignas(64) std::atomic<uint32_t> wake{0};  // the futex word this worker sleeps on
   std::atomic<uint32_t> sleeping{0};
+  std::atomic<int> cpu{-1};  // the CPU it last went to sleep on (aotc_pool_wake)
+  std::atomic<bool> moved{false};  // the caller narrowed its affinity to wake it elsewhere: widen it again
+  pid_t tid = 0;
   pthread_t thread;
 };
 
@@ -169,6 +172,7 @@ struct aotc_pool_stats {  // for tests and benchmarks: what the policy saw (aotc
   int64_t calls = 0, loops = 0, stalls = 0, drops = 0, solo_calls = 0, probes = 0, wakes = 0;
   int64_t wait_ns = 0, loss_ns = 0, gain_ns = 0, worker_chunks = 0, chunks = 0, serial = 0, explores = 0;
   int64_t busy_skips = 0;  // tries of the workers that the time bound would have made, skipped: no core was spare
+  int64_t moves = 0;  // workers woken off the caller's CPU (aotc_pool_wake)
 };
 
 struct aotc_share {  // one thread's share of a loop's chunks (its own cache line: the owner claims often)
@@ -186,6 +190,7 @@ struct aotc_pool {
   void* ctx = nullptr;
   std::atomic<bool> stop{false};
   int started = 0;  // worker threads created so far
+  cpu_set_t cpus;  // the process's affinity when the pool was created: what a moved worker gets back
   aotc_worker workers[AOTC_POOL_MAX];
   // Settings and policy: touched by the calling thread only (calls into one library are serialised).
   int want = 0;          // threads asked for; 0: the default
@@ -279,6 +284,8 @@ static void* aotc_pool_worker(void* arg) {
   aotc_pool& p = aotc_the_pool();
   const int id = (int)(intptr_t)arg;
   aotc_worker& me = p.workers[id];
+  me.tid = (pid_t)syscall(SYS_gettid);
+  if (me.moved.exchange(false)) sched_setaffinity(0, sizeof p.cpus, &p.cpus);  // started off the caller's CPU
   uint32_t seen = aotc_job_gen(p.job.load());
   for (;;) {
     uint64_t j = p.job.load(std::memory_order_acquire);
@@ -286,9 +293,11 @@ static void* aotc_pool_worker(void* arg) {
     for (int i = 1; aotc_job_gen(j) == seen && !p.stop.load(std::memory_order_relaxed); ++i) {
       if (i % 256 == 0 && aotc_now_ns() > deadline) {
         const uint32_t w = me.wake.load();
+        me.cpu.store(sched_getcpu(), std::memory_order_relaxed);
         me.sleeping.store(1);  // then look once more: the caller reads ``sleeping`` after publishing
         if (aotc_job_gen(p.job.load()) == seen && !p.stop.load()) aotc_futex_wait(&me.wake, w);
         me.sleeping.store(0);
+        if (me.moved.exchange(false)) sched_setaffinity(0, sizeof p.cpus, &p.cpus);  // running elsewhere now
         deadline = aotc_now_ns() + AOTC_POOL_SPIN_NS;
       }
       aotc_cpu_relax();
@@ -316,14 +325,26 @@ static void* aotc_pool_worker(void* arg) {
 static inline int aotc_pool_grow(aotc_pool& p, int n) {
   if (n > AOTC_POOL_MAX) n = AOTC_POOL_MAX;
   if (n - 1 <= p.started) return n;
+  if (p.started == 0 && sched_getaffinity(0, sizeof p.cpus, &p.cpus) != 0) CPU_ZERO(&p.cpus);
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
+  // Started off the caller's CPU, as aotc_pool_wake wakes them (see the note there).
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  const int here = sched_getcpu();
+  if (here >= 0 && CPU_ISSET(here, &p.cpus) && CPU_COUNT(&p.cpus) > 1) {
+    cpu_set_t others = p.cpus;
+    CPU_CLR(here, &others);
+    pthread_attr_setaffinity_np(&attr, sizeof others, &others);
+  }
   while (p.started < n - 1) {
     const int id = p.started + 1;
-    if (pthread_create(&p.workers[id].thread, NULL, aotc_pool_worker, (void*)(intptr_t)id) != 0) break;
+    p.workers[id].moved.store(true);
+    if (pthread_create(&p.workers[id].thread, &attr, aotc_pool_worker, (void*)(intptr_t)id) != 0) break;
     p.started = id;
   }
+  pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   return p.started + 1;
 }
@@ -359,13 +380,30 @@ static inline void aotc_pool_account(aotc_pool& p, int64_t chunks, int64_t mine,
 }
 
 // Wake the workers of a loop ``threads`` wide that sleep (the ones still spinning have seen the loop).
+// Note (why move them): Linux may wake a worker on the CPU it last slept on even when that is the
+// caller's and another CPU is idle (seen on a 2-core VM: a worker stayed on the caller's CPU for
+// seconds, and ran its chunks only while the caller waited, so 2 threads took one thread's time). A worker
+// that went to sleep on the caller's CPU is woken with that CPU left out of its affinity; it widens
+// its affinity again itself (aotc_pool_worker), which does not move it back.
 static inline void aotc_pool_wake(aotc_pool& p, int threads) {
-  for (int i = 1; i < threads; ++i)
-    if (p.workers[i].sleeping.load()) {
-      p.workers[i].wake.fetch_add(1);
-      aotc_futex_wake(&p.workers[i].wake, 1);
-      p.stats.wakes += 1;
+  int here = -2;
+  for (int i = 1; i < threads; ++i) {
+    aotc_worker& w = p.workers[i];
+    if (!w.sleeping.load()) continue;
+    if (here == -2) here = sched_getcpu();
+    if (here >= 0 && w.cpu.load(std::memory_order_relaxed) == here && w.tid > 0 && CPU_ISSET(here, &p.cpus) &&
+        CPU_COUNT(&p.cpus) > 1) {
+      cpu_set_t others = p.cpus;
+      CPU_CLR(here, &others);
+      if (sched_setaffinity(w.tid, sizeof others, &others) == 0) {
+        w.moved.store(true);
+        p.stats.moves += 1;
+      }
     }
+    w.wake.fetch_add(1);
+    aotc_futex_wake(&w.wake, 1);
+    p.stats.wakes += 1;
+  }
 }
 
 template <class F>
@@ -520,6 +558,29 @@ int main() {
     });
     if (first[0].load() != 0) printf("the caller began at chunk %ld\n", (long)first[0].load()), ++fails;
     if (first[1].load() != -1 && first[1].load() != 20) printf("the worker began at chunk %ld\n", (long)first[1].load()), ++fails;
+  }
+  // A worker asleep on the caller's CPU is woken elsewhere (aotc_pool_wake): pin the caller to its CPU,
+  // put the worker to sleep there, widen it again, and its chunks of the next loop run on another CPU.
+  cpu_set_t all;
+  const int here = sched_getcpu();
+  if (sched_getaffinity(0, sizeof all, &all) == 0 && CPU_COUNT(&all) > 1 && here >= 0) {
+    aotc_pool& p = aotc_the_pool();
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(here, &one);
+    sched_setaffinity(0, sizeof one, &one);
+    sched_setaffinity(p.workers[1].tid, sizeof one, &one);
+    for (int i = 0; i < 200 && !(p.workers[1].sleeping.load() && p.workers[1].cpu.load() == here); ++i) aotc_nap(1000000);
+    sched_setaffinity(p.workers[1].tid, sizeof all, &all);
+    std::atomic<int> worker_cpu{-1};
+    const int64_t moves = p.stats.moves;
+    aotc_pool_run(40, 2, [&](int64_t, int slot) {
+      if (slot) worker_cpu.store(sched_getcpu());
+      aotc_nap(200000);
+    });
+    if (p.stats.moves != moves + 1 || worker_cpu.load() == here)
+      printf("the worker ran on the caller's CPU %d (%ld moves)\n", here, (long)(p.stats.moves - moves)), ++fails;
+    sched_setaffinity(0, sizeof all, &all);
   }
   // A loop inside a chunk runs on that thread alone.
   std::atomic<int> nested_bad{0};
