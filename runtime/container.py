@@ -25,7 +25,7 @@ import struct
 from pathlib import Path
 
 from .errors import PackageCorrupt, UsageError
-from .hashing import HASH_CHUNK, Hashes, hash_threads
+from .hashing import HASH_CHUNK, Hashes, ahead_threads
 
 TYPE_CHECKING = False  # not typing's: see the Note
 if TYPE_CHECKING:
@@ -205,12 +205,13 @@ class Container:
     """A package file mapped, its members' ranges read, and their hashing started (``hash_ahead``)."""
 
     def __init__(self, path: str | Path, hash_ahead: bool = False) -> None:
-        """``hash_ahead``: start hashing every member now, on the cores but one (the caller's thread has
-        imports and the manifest to get through first); small packages are hashed when asked instead."""
+        """``hash_ahead``: start hashing every member now, on the cores but one while the machine is otherwise
+        idle (the caller's thread has imports and the manifest to get through first; hashing.ahead_threads);
+        small packages are hashed when asked instead."""
         self.path = Path(path)
         self.mm = map_file(self.path)
         self.entries = read_entries(self.mm, self.path)
         self.hashes = Hashes(memoryview(self.mm))
         if hash_ahead:
             ranges = [r for n, e in self.entries.items() if n != MANIFEST for r in member_ranges(e.offset, e.size)]
-            self.hashes.start(ranges, helpers=hash_threads(ranges) - 1)
+            self.hashes.start(ranges, helpers=ahead_threads(ranges))

@@ -36,6 +36,23 @@ def hash_threads(ranges: Iterable[Range] = (), limit: int | None = None, per_cor
     return max(1, min(limit or MAX_THREADS, cores * per_core, len(ranges), 1 + total // SMALL))
 
 
+def others_running() -> int:
+    """Threads of other processes runnable right now (``/proc/loadavg``'s running count, less this thread);
+    0 where it cannot tell."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return max(0, int(f.read().split()[3].split(b"/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def ahead_threads(ranges: Iterable[Range]) -> int:
+    """Helper threads to hash ``ranges`` before the caller asks: the cores but one, or, while other processes'
+    threads are running, JOIN_PER_CORE per core (see the Note at the end)."""
+    busy = others_running() > 0
+    return hash_threads(ranges, per_core=JOIN_PER_CORE if busy else 1) - (0 if busy else 1)
+
+
 class Hashes:
     """The sha256 of ranges of ``buf``, computed by helper threads and by the thread that asks."""
 
@@ -120,3 +137,5 @@ class Hashes:
 # cores where 2 got 2/3. Before the caller asks (aotc.load importing and parsing), the helpers stay at the
 # cores but one: more there took the importing thread's core (cold start, aotc.load before numpy, idle:
 # 90 -> 102-106 ms). Measured: benchmarks/cold_start.py's children, MLP package (100 MB), 2 shared cores.
+# Unless another process's thread is running when the hashing starts (/proc/loadavg): then the importing
+# thread has no core of its own anyway, and only more threads get this process more of the machine.

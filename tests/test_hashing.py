@@ -14,8 +14,9 @@ import aotc.loading
 import aotc.package
 import numpy as np
 import pytest
+from aotc import hashing
 from aotc.container import Container, member_ranges
-from aotc.hashing import HASH_CHUNK, Hashes, hash_threads
+from aotc.hashing import HASH_CHUNK, Hashes, ahead_threads, hash_threads
 from aotc.package import Package
 
 
@@ -96,6 +97,20 @@ def test_a_joining_caller_hashes_on_twice_the_cores(monkeypatch: pytest.MonkeyPa
     h._done.clear()
     h.digests(ranges, threads=2)
     assert started == [3, 1]  # helpers besides the caller: 2 per core by default, as asked when asked
+
+
+def test_hashing_ahead_takes_more_threads_on_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the caller asks: the cores but one while nothing else runs; JOIN_PER_CORE threads a core while
+    another process's thread is running (the scheduler shares cores by thread)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    ranges = _ranges(12, HASH_CHUNK)
+    monkeypatch.setattr(hashing, "others_running", lambda: 0)
+    assert ahead_threads(ranges) == 1
+    monkeypatch.setattr(hashing, "others_running", lambda: 1)
+    assert ahead_threads(ranges) == 4
+    assert ahead_threads(ranges[:2]) == 2  # one thread a range at most
+    monkeypatch.undo()
+    assert hashing.others_running() >= 0  # reads /proc/loadavg; 0 where it cannot
 
 
 def test_a_corrupt_member_is_refused_when_hashed_ahead(make_package, tmp_path: Path) -> None:
