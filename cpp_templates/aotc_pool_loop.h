@@ -285,7 +285,6 @@ static void* aotc_pool_worker(void* arg) {
   const int id = (int)(intptr_t)arg;
   aotc_worker& me = p.workers[id];
   me.tid = (pid_t)syscall(SYS_gettid);
-  if (me.moved.exchange(false)) sched_setaffinity(0, sizeof p.cpus, &p.cpus);  // started off the caller's CPU
   uint32_t seen = aotc_job_gen(p.job.load());
   for (;;) {
     uint64_t j = p.job.load(std::memory_order_acquire);
@@ -293,11 +292,13 @@ static void* aotc_pool_worker(void* arg) {
     for (int i = 1; aotc_job_gen(j) == seen && !p.stop.load(std::memory_order_relaxed); ++i) {
       if (i % 256 == 0 && aotc_now_ns() > deadline) {
         const uint32_t w = me.wake.load();
+        // Kept off the caller's CPU through the loops it spun between (aotc_pool_wake); the next wake-up may
+        // place it anywhere again. Widening does not move a thread.
+        if (me.moved.exchange(false)) sched_setaffinity(0, sizeof p.cpus, &p.cpus);
         me.cpu.store(sched_getcpu(), std::memory_order_relaxed);
         me.sleeping.store(1);  // then look once more: the caller reads ``sleeping`` after publishing
         if (aotc_job_gen(p.job.load()) == seen && !p.stop.load()) aotc_futex_wait(&me.wake, w);
         me.sleeping.store(0);
-        if (me.moved.exchange(false)) sched_setaffinity(0, sizeof p.cpus, &p.cpus);  // running elsewhere now
         deadline = aotc_now_ns() + AOTC_POOL_SPIN_NS;
       }
       aotc_cpu_relax();
@@ -383,8 +384,9 @@ static inline void aotc_pool_account(aotc_pool& p, int64_t chunks, int64_t mine,
 // Note (why move them): Linux may wake a worker on the CPU it last slept on even when that is the
 // caller's and another CPU is idle (seen on a 2-core VM: a worker stayed on the caller's CPU for
 // seconds, and ran its chunks only while the caller waited, so 2 threads took one thread's time). A worker
-// that went to sleep on the caller's CPU is woken with that CPU left out of its affinity; it widens
-// its affinity again itself (aotc_pool_worker), which does not move it back.
+// that went to sleep on the caller's CPU is woken with that CPU left out of its affinity, and widens it
+// again itself when it next goes to sleep (aotc_pool_worker): not sooner, or the scheduler may move it
+// back beside the caller within the call when the other CPUs are busy.
 static inline void aotc_pool_wake(aotc_pool& p, int threads) {
   int here = -2;
   for (int i = 1; i < threads; ++i) {
@@ -559,27 +561,39 @@ int main() {
     if (first[0].load() != 0) printf("the caller began at chunk %ld\n", (long)first[0].load()), ++fails;
     if (first[1].load() != -1 && first[1].load() != 20) printf("the worker began at chunk %ld\n", (long)first[1].load()), ++fails;
   }
-  // A worker asleep on the caller's CPU is woken elsewhere (aotc_pool_wake): pin the caller to its CPU,
-  // put the worker to sleep there, widen it again, and its chunks of the next loop run on another CPU.
+  // A worker asleep on the caller's CPU is woken elsewhere (aotc_pool_wake): pin the caller to its CPU and
+  // the worker beside it until the worker sleeps there (a loop wakes it; a wake-up that moves it, or a pin
+  // its own widening undid, takes another try), widen the worker again, and its chunks of the next loop
+  // run on another CPU.
   cpu_set_t all;
   const int here = sched_getcpu();
   if (sched_getaffinity(0, sizeof all, &all) == 0 && CPU_COUNT(&all) > 1 && here >= 0) {
     aotc_pool& p = aotc_the_pool();
+    aotc_worker& w = p.workers[1];
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(here, &one);
     sched_setaffinity(0, sizeof one, &one);
-    sched_setaffinity(p.workers[1].tid, sizeof one, &one);
-    for (int i = 0; i < 200 && !(p.workers[1].sleeping.load() && p.workers[1].cpu.load() == here); ++i) aotc_nap(1000000);
-    sched_setaffinity(p.workers[1].tid, sizeof all, &all);
+    auto asleep = [&]() {
+      for (int i = 0; i < 200 && !w.sleeping.load(); ++i) aotc_nap(1000000);
+      return w.sleeping.load() != 0;
+    };
+    bool ready = false;
+    for (int attempt = 0; attempt < 20 && !ready; ++attempt) {
+      asleep();
+      sched_setaffinity(w.tid, sizeof one, &one);
+      aotc_pool_run(8, 2, [&](int64_t, int) { aotc_nap(100000); });
+      ready = asleep() && w.cpu.load() == here && !w.moved.load();
+    }
+    sched_setaffinity(w.tid, sizeof all, &all);
     std::atomic<int> worker_cpu{-1};
     const int64_t moves = p.stats.moves;
     aotc_pool_run(40, 2, [&](int64_t, int slot) {
       if (slot) worker_cpu.store(sched_getcpu());
       aotc_nap(200000);
     });
-    if (p.stats.moves != moves + 1 || worker_cpu.load() == here)
-      printf("the worker ran on the caller's CPU %d (%ld moves)\n", here, (long)(p.stats.moves - moves)), ++fails;
+    if (!ready || p.stats.moves != moves + 1 || worker_cpu.load() == here)
+      printf("the worker ran on the caller's CPU %d (%ld moves, set up: %d)\n", here, (long)(p.stats.moves - moves), ready), ++fails;
     sched_setaffinity(0, sizeof all, &all);
   }
   // A loop inside a chunk runs on that thread alone.

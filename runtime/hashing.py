@@ -101,9 +101,13 @@ class Hashes:
             self._todo = [r for r in self._todo if r not in gone]
 
     def close(self) -> None:
-        """Hash nothing more and let go of the buffer (so that the mapping can be closed)."""
+        """Hash nothing more, wait for the ranges being hashed, and let go of the buffer (so that the mapping can
+        be closed). Note (why wait): a helper still reading a refused package's mapping when the caller goes on
+        to rewrite the file (a retry writes the same path) died of SIGBUS on the truncated pages."""
         with self._cond:
             self._todo = []
+            while self._running:
+                self._cond.wait()
         with contextlib.suppress(BufferError):  # a helper's slice still exported: freed when it is done
             self._buf.release()
 

@@ -210,3 +210,29 @@ def test_field_types_agree_with_get_type_hints_for_every_record() -> None:
         fields = [f.name for f in dataclasses.fields(cls)]
         got, want = field_types(cls), typing.get_type_hints(cls)
         assert {n: got[n] for n in fields} == {n: want[n] for n in fields}, cls
+
+
+CLOSE_THEN_TRUNCATE = """
+import mmap, os, sys
+from aotc.hashing import HASH_CHUNK, Hashes
+path = sys.argv[1]
+with open(path, "wb") as f:
+    f.truncate(16 * HASH_CHUNK)
+fd = os.open(path, os.O_RDONLY)
+mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+os.close(fd)
+h = Hashes(memoryview(mm))
+h.start([(i * HASH_CHUNK, (i + 1) * HASH_CHUNK) for i in range(16)], helpers=4)
+h.close()
+with open(path, "wb"):  # a retry rewriting the refused package's path truncates the mapped file
+    pass
+print("ok")
+"""
+
+
+def test_close_waits_for_the_ranges_being_hashed(tmp_path: Path) -> None:
+    """After ``close`` no helper reads the mapping: truncating the file then cannot kill the process (SIGBUS)."""
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", CLOSE_THEN_TRUNCATE, str(tmp_path / "big.bin")],
+                           check=False, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
