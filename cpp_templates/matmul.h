@@ -79,9 +79,6 @@
 #ifndef AOTC_MM_PF_SPREAD
 #define AOTC_MM_PF_SPREAD 4  // steps of the micro-kernel per prefetched row of the next panel, at most
 #endif
-#ifndef AOTC_MM_PF_LOCALITY
-#define AOTC_MM_PF_LOCALITY 3
-#endif
 #ifndef AOTC_MM_FLOPS_PER_THREAD
 #define AOTC_MM_FLOPS_PER_THREAD 4000000.0  // ~40 us of one core: less work than this per thread stays serial
 #endif
@@ -334,7 +331,7 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
     const int64_t spread = pfk > 0 ? kc / pfk : 1;
     const int sp = spread < 1 ? 1 : (spread > AOTC_MM_PF_SPREAD ? AOTC_MM_PF_SPREAD : (int)spread);
     for (int64_t r = 0; r < pfk && k < kc; ++r) {
-      for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + r * NR) + l, 0, AOTC_MM_PF_LOCALITY);
+      for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + r * NR) + l);
       for (int q = 0; q < sp && k < kc; ++q, ++k) {
         V b[NV];
 #pragma GCC unroll 4
