@@ -47,6 +47,9 @@ DEFAULT_SHAPES = "2048x2048x2048,64x4096x1024g,64x4096x4096g,64x1024x4096,128x23
 # as aot/compile.py
 FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off"]
 FLAGS += ["-fno-math-errno", "-fno-trapping-math"]
+# Quiet before each engine's call: the last engine's pool workers are asleep by then, as between a model's
+# calls (a library called right after another once ran every round at 0.50x).
+SETTLE_S = 0.002
 
 
 def build(name: str, templates: Path, level: str, defines: list[str], work: Path) -> ctypes.CDLL:
@@ -184,7 +187,7 @@ def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, torch_tids: np.ndarray
         fns["torch"] = tcall
     for fn in fns.values():
         fn()  # warm
-        time.sleep(0.002)
+        time.sleep(SETTLE_S)
     if not gelu:
         want = a.astype(np.float64) @ w + bias
         for name, out in outs.items():
@@ -193,7 +196,7 @@ def bench_shape(libs: dict[str, ctypes.CDLL], torch: Any, torch_tids: np.ndarray
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            time.sleep(0.002)  # the last engine's workers asleep: see the note at the top
+            time.sleep(SETTLE_S)
             times[name].append(fn())
     flop = 2.0 * m * n * k
     med = {name: statistics.median(ts) for name, ts in times.items()}

@@ -25,9 +25,12 @@ AVX512F = 1 << 16  # CPUID leaf 7 EBX
 
 def available() -> bool:
     try:
-        return "cpuid_fault" in Path("/proc/cpuinfo").read_text().split() and _lib() is not None
+        if "cpuid_fault" not in Path("/proc/cpuinfo").read_text().split():
+            return False
+        _lib()  # gcc builds it
     except (OSError, subprocess.CalledProcessError):
         return False
+    return True
 
 
 @functools.cache

@@ -321,6 +321,15 @@ static void* aotc_pool_worker(void* arg) {
   }
 }
 
+// The pool's CPUs but ``cpu`` into ``others``; false (nothing to leave out) when ``cpu`` is unknown, not one
+// of them, or their only one.
+static inline bool aotc_pool_off_cpu(const aotc_pool& p, int cpu, cpu_set_t* others) {
+  if (cpu < 0 || !CPU_ISSET(cpu, &p.cpus) || CPU_COUNT(&p.cpus) < 2) return false;
+  *others = p.cpus;
+  CPU_CLR(cpu, others);
+  return true;
+}
+
 // Workers 1 .. n-1 exist (created on first need, with every signal blocked: they belong to the host's
 // main thread). Returns how many threads can take part, the caller included.
 static inline int aotc_pool_grow(aotc_pool& p, int n) {
@@ -333,15 +342,12 @@ static inline int aotc_pool_grow(aotc_pool& p, int n) {
   // Started off the caller's CPU, as aotc_pool_wake wakes them (see the note there).
   pthread_attr_t attr;
   pthread_attr_init(&attr);
-  const int here = sched_getcpu();
-  if (here >= 0 && CPU_ISSET(here, &p.cpus) && CPU_COUNT(&p.cpus) > 1) {
-    cpu_set_t others = p.cpus;
-    CPU_CLR(here, &others);
-    pthread_attr_setaffinity_np(&attr, sizeof others, &others);
-  }
+  cpu_set_t others;
+  const bool narrowed = aotc_pool_off_cpu(p, sched_getcpu(), &others) &&
+                        pthread_attr_setaffinity_np(&attr, sizeof others, &others) == 0;
   while (p.started < n - 1) {
     const int id = p.started + 1;
-    p.workers[id].moved.store(true);
+    p.workers[id].moved.store(narrowed);
     if (pthread_create(&p.workers[id].thread, &attr, aotc_pool_worker, (void*)(intptr_t)id) != 0) break;
     p.started = id;
   }
@@ -393,14 +399,11 @@ static inline void aotc_pool_wake(aotc_pool& p, int threads) {
     aotc_worker& w = p.workers[i];
     if (!w.sleeping.load()) continue;
     if (here == -2) here = sched_getcpu();
-    if (here >= 0 && w.cpu.load(std::memory_order_relaxed) == here && w.tid > 0 && CPU_ISSET(here, &p.cpus) &&
-        CPU_COUNT(&p.cpus) > 1) {
-      cpu_set_t others = p.cpus;
-      CPU_CLR(here, &others);
-      if (sched_setaffinity(w.tid, sizeof others, &others) == 0) {
-        w.moved.store(true);
-        p.stats.moves += 1;
-      }
+    cpu_set_t others;
+    if (w.cpu.load(std::memory_order_relaxed) == here && w.tid > 0 && aotc_pool_off_cpu(p, here, &others) &&
+        sched_setaffinity(w.tid, sizeof others, &others) == 0) {
+      w.moved.store(true);
+      p.stats.moves += 1;
     }
     w.wake.fetch_add(1);
     aotc_futex_wake(&w.wake, 1);

@@ -108,7 +108,7 @@ class Hashes:
             self._todo = []
             while self._running:
                 self._cond.wait()
-        with contextlib.suppress(BufferError):  # a helper's slice still exported: freed when it is done
+        with contextlib.suppress(BufferError):  # a slice still exported elsewhere: freed when it goes
             self._buf.release()
 
     def _help(self) -> None:
