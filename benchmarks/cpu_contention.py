@@ -110,7 +110,8 @@ def _rounds(fns: dict[str, Callable[[], object]], models: dict, calls: int, roun
         out["pool"][k] = {
             "calls": d["calls"], "loops_per_call": round(d["loops"] / n, 1), "stalls": d["stalls"], "drops": d["drops"],
             "solo_calls": d["solo_calls"], "probes": d["probes"], "explores": d["explores"],
-            "busy_skips": d.get("busy_skips", 0), "wakes_per_call": round(d["wakes"] / n, 2),
+            "busy_skips": d.get("busy_skips", 0), "moves": d.get("moves", 0), "pulls": d.get("pulls", 0),
+            "wakes_per_call": round(d["wakes"] / n, 2),
             "wait_ms_per_call": round(d["wait_ns"] / n / 1e6, 3), "worker_share": round(d["worker_chunks"] / max(d["chunks"], 1), 3),
         }  # fmt: skip
     return out

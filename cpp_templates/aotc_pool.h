@@ -6,7 +6,8 @@
 // nor its state (struct aotc_pool) and settings (AOTC_POOL_*): aotc_pool_loop.h, included here.
 //
 // A loop is over when its chunks are done (aotc_pool_loop.h: no barrier), so what slows a call is a worker
-// descheduled in the middle of a chunk. The caller measures that wait (the time between running out of
+// descheduled in the middle of a chunk (moved onto the waiting caller's CPU: aotc_pool_wait_pull). The caller
+// measures that wait (the time between running out of
 // chunks and the last chunk's end) against what the workers contributed; when the
 // losses, with the earlier calls' (fading with time), pass the gains by more than a tolerance it runs the
 // rest of the call, and the calls of a growing stretch of time after it, on its own thread (then it probes
@@ -218,7 +219,8 @@ struct aotc_pool_call {  // RAII: aotc_run's body is one call, also when a kerne
 extern "C" __attribute__((visibility("default"), weak)) int32_t aotc_pool_stats_get(int64_t* out, int32_t n) {
   const aotc_pool_stats& s = aotc_the_pool().stats;
   const int64_t all[] = {s.calls, s.loops, s.stalls, s.drops, s.solo_calls, s.probes, s.wakes,
-                         s.wait_ns, s.loss_ns, s.gain_ns, s.worker_chunks, s.chunks, s.serial, s.explores, s.busy_skips, s.moves};
+                         s.wait_ns, s.loss_ns, s.gain_ns, s.worker_chunks, s.chunks, s.serial, s.explores, s.busy_skips, s.moves,
+                         s.pulls};
   const int32_t have = (int32_t)(sizeof all / sizeof all[0]);
   for (int32_t i = 0; i < n && i < have; ++i) out[i] = all[i];
   return have;

@@ -57,6 +57,9 @@ static_assert(AOTC_POOL_MAX >= 1 && AOTC_POOL_MAX <= 127, "the job word holds a 
 #ifndef AOTC_POOL_WAIT_SPIN_NS
 #define AOTC_POOL_WAIT_SPIN_NS 30000  // how long the caller spins for the last chunks before it sleeps
 #endif
+#ifndef AOTC_POOL_PULL_WINDOW_NS
+#define AOTC_POOL_PULL_WINDOW_NS 100000  // the caller's sleeps while it waits for chunks (aotc_pool_wait_pull)
+#endif
 #ifndef AOTC_POOL_SLACK_NS
 #define AOTC_POOL_SLACK_NS 50000  // a wait up to this long (beyond one chunk) is noise, not a stall
 #endif
@@ -141,6 +144,11 @@ static inline void aotc_futex_wait(std::atomic<uint32_t>* word, uint32_t value) 
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, value, NULL, NULL, 0);
 }
 
+static inline void aotc_futex_wait_for(std::atomic<uint32_t>* word, uint32_t value, int64_t ns) {
+  const timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, value, &ts, NULL, 0);
+}
+
 static inline void aotc_futex_wake(std::atomic<uint32_t>* word, int n) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
@@ -164,8 +172,12 @@ struct aotc_worker {
   std::atomic<uint32_t> sleeping{0};
   std::atomic<int> cpu{-1};  // the CPU it last went to sleep on (aotc_pool_wake)
   std::atomic<bool> moved{false};  // the caller narrowed its affinity to wake it elsewhere: widen it again
+  std::atomic<uint32_t> busy{0};   // inside a chunk (aotc_pool_wait_pull)
+  std::atomic<int> pulled{-1};     // the caller's CPU, which it was pulled onto for its late chunk
   pid_t tid = 0;
   pthread_t thread;
+  clockid_t clock;  // its CPU time
+  bool has_clock = false;
 };
 
 struct aotc_pool_stats {  // for tests and benchmarks: what the policy saw (aotc_pool_stats_get)
@@ -173,6 +185,7 @@ struct aotc_pool_stats {  // for tests and benchmarks: what the policy saw (aotc
   int64_t wait_ns = 0, loss_ns = 0, gain_ns = 0, worker_chunks = 0, chunks = 0, serial = 0, explores = 0;
   int64_t busy_skips = 0;  // tries of the workers that the time bound would have made, skipped: no core was spare
   int64_t moves = 0;  // workers woken off the caller's CPU (aotc_pool_wake)
+  int64_t pulls = 0;  // descheduled workers pulled onto the waiting caller's CPU (aotc_pool_wait_pull)
 };
 
 struct aotc_share {  // one thread's share of a loop's chunks (its own cache line: the owner claims often)
@@ -219,6 +232,7 @@ struct aotc_pool {
   int site = 0;  // the loops this call has started (a loop's site: its order in the call)
   bool short_site[AOTC_POOL_SITES] = {};  // the loop at this site was short the last time (AOTC_POOL_WAKE_MIN_NS)
   int64_t test_worker_delay_ns = 0;  // tests: workers sleep this long inside every chunk they run
+  bool test_no_pull = false;  // tests: no worker is pulled onto the caller's CPU (aotc_pool_wait_pull)
   aotc_pool_stats stats;
 
   ~aotc_pool() {  // the library is being unloaded (or the process exits): let the workers go
@@ -280,6 +294,24 @@ static inline int64_t aotc_pool_claim(aotc_pool& p, uint32_t gen, int slot, int 
   return -1;
 }
 
+// The pool's CPUs but ``cpu`` into ``others``; false (nothing to leave out) when ``cpu`` is unknown, not one
+// of them, or their only one.
+static inline bool aotc_pool_off_cpu(const aotc_pool& p, int cpu, cpu_set_t* others) {
+  if (cpu < 0 || !CPU_ISSET(cpu, &p.cpus) || CPU_COUNT(&p.cpus) < 2) return false;
+  *others = p.cpus;
+  CPU_CLR(cpu, others);
+  return true;
+}
+
+// A worker pulled onto the caller's CPU for its late chunk (aotc_pool_wait_pull) leaves that CPU once the chunk
+// is done: the caller goes on there. It widens its affinity again when it next goes to sleep (``moved``).
+static inline void aotc_pool_unpull(aotc_pool& p, aotc_worker& me) {
+  if (me.pulled.load(std::memory_order_relaxed) < 0) return;
+  const int cpu = me.pulled.exchange(-1);
+  cpu_set_t others;
+  if (cpu >= 0 && aotc_pool_off_cpu(p, cpu, &others)) sched_setaffinity(0, sizeof others, &others);
+}
+
 static void* aotc_pool_worker(void* arg) {
   aotc_pool& p = aotc_the_pool();
   const int id = (int)(intptr_t)arg;
@@ -306,28 +338,23 @@ static void* aotc_pool_worker(void* arg) {
     }
     if (p.stop.load()) return NULL;
     seen = aotc_job_gen(j);
+    aotc_pool_unpull(p, me);  // (a pull that came after its last chunk)
     const int width = aotc_job_width(j);
     if (id >= width) continue;
     aotc_pool_inside = true;
     const int64_t n = aotc_job_chunks(j);
     for (int64_t c; (c = aotc_pool_claim(p, seen, id, width)) >= 0;) {
+      me.busy.store(1, std::memory_order_relaxed);
       if (p.test_worker_delay_ns) {
         const timespec ts = {0, (long)p.test_worker_delay_ns};
         nanosleep(&ts, NULL);
       }
       aotc_pool_chunk(p, c, n, id);
+      me.busy.store(0, std::memory_order_relaxed);
     }
     aotc_pool_inside = false;
+    aotc_pool_unpull(p, me);
   }
-}
-
-// The pool's CPUs but ``cpu`` into ``others``; false (nothing to leave out) when ``cpu`` is unknown, not one
-// of them, or their only one.
-static inline bool aotc_pool_off_cpu(const aotc_pool& p, int cpu, cpu_set_t* others) {
-  if (cpu < 0 || !CPU_ISSET(cpu, &p.cpus) || CPU_COUNT(&p.cpus) < 2) return false;
-  *others = p.cpus;
-  CPU_CLR(cpu, others);
-  return true;
 }
 
 // Workers 1 .. n-1 exist (created on first need, with every signal blocked: they belong to the host's
@@ -349,6 +376,7 @@ static inline int aotc_pool_grow(aotc_pool& p, int n) {
     const int id = p.started + 1;
     p.workers[id].moved.store(narrowed);
     if (pthread_create(&p.workers[id].thread, &attr, aotc_pool_worker, (void*)(intptr_t)id) != 0) break;
+    p.workers[id].has_clock = pthread_getcpuclockid(p.workers[id].thread, &p.workers[id].clock) == 0;
     p.started = id;
   }
   pthread_attr_destroy(&attr);
@@ -411,6 +439,55 @@ static inline void aotc_pool_wake(aotc_pool& p, int threads) {
   }
 }
 
+static inline int64_t aotc_clock_ns(clockid_t c) {
+  timespec ts;
+  return clock_gettime(c, &ts) == 0 ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : -1;
+}
+
+// The caller has run out of chunks: it sleeps until the workers finish theirs, in windows of
+// AOTC_POOL_PULL_WINDOW_NS. A worker inside a chunk whose CPU clock stood still through a window, while the
+// caller's CPU was free, is descheduled (another process has its core) and would hold the loop up for
+// the rest of that process's time slice: it is moved onto the caller's CPU, and leaves it again after the
+// chunk (aotc_pool_unpull). Note (why not leave it to the scheduler): an idle CPU takes a waiting thread
+// from another only when it has not run for a while (Linux's migration cost, 0.5 ms), so a worker preempted
+// a moment ago stays queued behind the other process (GPT-2 at 1x128 with one core busy waited ~25 ms a
+// call over ~130 loops).
+static inline void aotc_pool_wait_pull(aotc_pool& p, int threads, int64_t chunks) {
+  int64_t before[AOTC_POOL_MAX];
+  int busy = 0;
+  for (int i = 1; i < threads; ++i) {
+    aotc_worker& w = p.workers[i];
+    before[i] = w.has_clock && w.tid > 0 && w.busy.load(std::memory_order_relaxed) ? aotc_clock_ns(w.clock) : -1;
+    busy += before[i] >= 0;
+  }
+  const int64_t t0 = aotc_now_ns();
+  p.caller_sleeping.store(1);
+  const uint32_t d = p.done.load();
+  if (d < (uint32_t)chunks) {
+    if (busy > 0 && !p.test_no_pull)
+      aotc_futex_wait_for(&p.done, d, AOTC_POOL_PULL_WINDOW_NS);
+    else
+      aotc_futex_wait(&p.done, d);
+  }
+  p.caller_sleeping.store(0);
+  if (busy == 0 || p.done.load() >= (uint32_t)chunks || aotc_now_ns() - t0 < AOTC_POOL_PULL_WINDOW_NS * 3 / 4) return;
+  const int here = sched_getcpu();
+  if (here < 0 || !CPU_ISSET(here, &p.cpus)) return;
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  CPU_SET(here, &mine);
+  for (int i = 1; i < threads; ++i) {
+    aotc_worker& w = p.workers[i];
+    if (before[i] < 0 || !w.busy.load(std::memory_order_relaxed)) continue;
+    const int64_t ran = aotc_clock_ns(w.clock) - before[i];
+    if (ran < 0 || ran > AOTC_POOL_PULL_WINDOW_NS / 8) continue;  // it ran (or its clock failed)
+    if (sched_setaffinity(w.tid, sizeof mine, &mine) != 0) continue;
+    w.moved.store(true);  // widened when it next sleeps, should it miss aotc_pool_unpull
+    w.pulled.store(here);
+    p.stats.pulls += 1;
+  }
+}
+
 template <class F>
 static void aotc_pool_trampoline(void* ctx, int64_t c, int slot) {
   (*static_cast<F*>(ctx))(c, slot);
@@ -463,12 +540,7 @@ static void aotc_pool_run(int64_t chunks, int threads, F&& f) {
   const int64_t t1 = aotc_now_ns();
   if (site >= 0) p.short_site[site] = (t1 - t0) * (mine < chunks ? threads : 1) < AOTC_POOL_WAKE_MIN_NS;
   for (int64_t i = 1; p.done.load() < (uint32_t)chunks; ++i) {
-    if (i % 64 == 0 && aotc_now_ns() - t1 > AOTC_POOL_WAIT_SPIN_NS) {
-      p.caller_sleeping.store(1);
-      const uint32_t d = p.done.load();
-      if (d < (uint32_t)chunks) aotc_futex_wait(&p.done, d);
-      p.caller_sleeping.store(0);
-    }
+    if (i % 64 == 0 && aotc_now_ns() - t1 > AOTC_POOL_WAIT_SPIN_NS) aotc_pool_wait_pull(p, threads, chunks);
     aotc_cpu_relax();
   }
   aotc_pool_inside = false;
@@ -573,6 +645,7 @@ int main() {
   if (sched_getaffinity(0, sizeof all, &all) == 0 && CPU_COUNT(&all) > 1 && here >= 0) {
     aotc_pool& p = aotc_the_pool();
     aotc_worker& w = p.workers[1];
+    p.test_no_pull = true;  // its naps would look like a descheduled worker
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(here, &one);
@@ -598,6 +671,62 @@ int main() {
     if (!ready || p.stats.moves != moves + 1 || worker_cpu.load() == here)
       printf("the worker ran on the caller's CPU %d (%ld moves, set up: %d)\n", here, (long)(p.stats.moves - moves), ready), ++fails;
     sched_setaffinity(0, sizeof all, &all);
+    p.test_no_pull = false;
+  }
+  // A worker descheduled inside a chunk is pulled onto the waiting caller's CPU (aotc_pool_wait_pull): the
+  // worker pinned to another CPU beside a spinning thread, its chunk 20 ms of CPU time, the caller's chunk
+  // only waits for the worker to begin. The chunk ends on the caller's CPU, and the worker then leaves it.
+  if (sched_getaffinity(0, sizeof all, &all) == 0 && CPU_COUNT(&all) > 1 && here >= 0) {
+    aotc_pool& p = aotc_the_pool();
+    aotc_worker& w = p.workers[1];
+    int other = -1;
+    for (int c = 0; c < CPU_SETSIZE && other < 0; ++c)
+      if (c != here && CPU_ISSET(c, &all)) other = c;
+    cpu_set_t one, two;
+    CPU_ZERO(&one);
+    CPU_SET(here, &one);
+    CPU_ZERO(&two);
+    CPU_SET(other, &two);
+    sched_setaffinity(0, sizeof one, &one);
+    std::atomic<bool> stop{false};
+    pthread_t spinner;
+    pthread_create(&spinner, NULL, [](void* arg) -> void* {
+      while (!static_cast<std::atomic<bool>*>(arg)->load(std::memory_order_relaxed)) aotc_cpu_relax();
+      return NULL;
+    }, &stop);
+    pthread_setaffinity_np(spinner, sizeof two, &two);
+    bool pulled_ok = false;
+    int end_cpu = -1;
+    int64_t pulls = 0;
+    for (int attempt = 0; attempt < 5 && !pulled_ok; ++attempt) {
+      sched_setaffinity(w.tid, sizeof two, &two);
+      std::atomic<bool> began{false};
+      std::atomic<int> last{-1};
+      const int64_t before = p.stats.pulls;
+      aotc_pool_run(2, 2, [&](int64_t, int slot) {
+        if (slot == 0) {
+          for (int i = 0; i < 2000 && !began.load(); ++i) aotc_nap(100000);
+          return;
+        }
+        began.store(true);
+        timespec t0, t;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+        do clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+        while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 20000000L);
+        last.store(sched_getcpu());
+      });
+      aotc_nap(2000000);
+      pulls = p.stats.pulls - before;
+      end_cpu = last.load();
+      pulled_ok = began.load() && pulls >= 1 && end_cpu == here && w.pulled.load() == -1;
+    }
+    stop.store(true);
+    pthread_join(spinner, NULL);
+    sched_setaffinity(w.tid, sizeof all, &all);
+    sched_setaffinity(0, sizeof all, &all);
+    if (!pulled_ok)
+      printf("a descheduled worker was not pulled onto the caller's CPU %d (%ld pulls, its chunk ended on %d, still pulled: %d)\n",
+             here, (long)pulls, end_cpu, w.pulled.load()), ++fails;
   }
   // A loop inside a chunk runs on that thread alone.
   std::atomic<int> nested_bad{0};

@@ -52,7 +52,7 @@ _ERRLEN = 4096
 # aotc_pool_stats_get's counters, in its order (struct aotc_pool_stats in cpp_templates/aotc_pool_loop.h)
 POOL_STATS = (
     "calls", "loops", "stalls", "drops", "solo_calls", "probes", "wakes",
-    "wait_ns", "loss_ns", "gain_ns", "worker_chunks", "chunks", "serial", "explores", "busy_skips", "moves",
+    "wait_ns", "loss_ns", "gain_ns", "worker_chunks", "chunks", "serial", "explores", "busy_skips", "moves", "pulls",
 )  # fmt: skip
 MAX_THREADS = 1024  # a pool this large is already far past any machine's cores; more only exhausts memory
 _OPENMP_RUNTIMES = (b"libgomp.so.1", b"libomp.so", b"libomp.so.5", b"libiomp5.so")

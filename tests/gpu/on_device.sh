@@ -15,6 +15,10 @@
 #            finish in 400 s: warm one precision a call, then sbs-run in a call made at once, while the machine is warm),
 #            SBS_JOBS, SBS_TUNE=1: tune on this GPU, which the build then sees).
 # safety:    tests/gpu/test_safety_gpu.py and test_token_ids_gpu.py (they build their own packages here).
+# cpu-sbs:   benchmarks/cpu_side_by_side.py on this host's CPU held to 2 cores (taskset), the issue's small
+#            server: a second CPU beside the build machine's, and an AVX2-only one where the host has no AVX-512
+#            (lscpu.txt says). CPU_MODELS (default: the first four and the extras; then CPU_MODELS=gpt2_1,gpt2_4
+#            CPU_ARGS=--no-extras in a second call: all of it takes ~7 min), CPU_ARGS (--avx2 for the stand-in).
 # tune:      benchmarks/tune_table.py --write-table (TUNE_MODELS, TUNE_PRECISIONS); sm_90.json comes back in $OUT.
 # .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
 set -uo pipefail
@@ -102,6 +106,13 @@ PY
     safety)  # issue 12/13 on a real GPU: threads, close during calls, OOM, the PTX path, token-id checks
       timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_safety_gpu.py tests/gpu/test_token_ids_gpu.py \
         2>&1 | tee "$OUT/pytest_safety.log" | tail -25 ;;
+    cpu-sbs)
+      lscpu > "$OUT/lscpu.txt" 2>&1
+      isa=$(grep -q avx512f /proc/cpuinfo && echo avx512 || echo avx2only)
+      name=cpu_side_by_side_device_${isa}_$(echo "${CPU_MODELS:-base}" | tr ',' '-')$(echo "${CPU_ARGS:-}" | tr -cd 'a-z0-9')
+      CUDA_VISIBLE_DEVICES= taskset -c 0,1 python3 benchmarks/cpu_side_by_side.py --threads 2 \
+        --models "${CPU_MODELS:-mlp,cnn,bert,mobilenet}" ${CPU_ARGS:-} --out "$OUT/$name.json" 2>&1 \
+        | grep -v -i warn | tee "$OUT/$name.log" | tail -12 ;;
     sbs-build)
       PYTHONPATH=$ZOOPATH python3 benchmarks/gpu_side_by_side.py build "${SBS_DIR:-/tmp/sbs}" --precisions "${SBS_PRECISIONS:-bf16}" \
         ${SBS_MODELS:+--models "$SBS_MODELS"} --jobs "${SBS_JOBS:-12}" $([ "${SBS_TUNE:-0}" = 1 ] && echo --tune) 2>&1 | grep -v Warn | tee -a "$OUT/sbs_build.log" | grep -E "built|FAIL|all" ;;
