@@ -303,13 +303,9 @@ static inline bool aotc_pool_off_cpu(const aotc_pool& p, int cpu, cpu_set_t* oth
   return true;
 }
 
-// A worker pulled onto the caller's CPU for its late chunk (aotc_pool_wait_pull) leaves that CPU once the chunk
-// is done: the caller goes on there. It widens its affinity again when it next goes to sleep (``moved``).
-static inline void aotc_pool_unpull(aotc_pool& p, aotc_worker& me) {
-  if (me.pulled.load(std::memory_order_relaxed) < 0) return;
-  const int cpu = me.pulled.exchange(-1);
-  cpu_set_t others;
-  if (cpu >= 0 && aotc_pool_off_cpu(p, cpu, &others)) sched_setaffinity(0, sizeof others, &others);
+// Whether the caller pulled this worker onto its CPU for a late chunk (aotc_pool_wait_pull); clears it.
+static inline bool aotc_pool_was_pulled(aotc_worker& me) {
+  return me.pulled.load(std::memory_order_relaxed) >= 0 && me.pulled.exchange(-1) >= 0;
 }
 
 static void* aotc_pool_worker(void* arg) {
@@ -318,9 +314,15 @@ static void* aotc_pool_worker(void* arg) {
   aotc_worker& me = p.workers[id];
   me.tid = (pid_t)syscall(SYS_gettid);
   uint32_t seen = aotc_job_gen(p.job.load());
+  bool pulled = false;
   for (;;) {
     uint64_t j = p.job.load(std::memory_order_acquire);
-    int64_t deadline = aotc_now_ns() + AOTC_POOL_SPIN_NS;
+    // A worker pulled onto the caller's CPU sleeps at once, not spinning beside the caller; the next loop's
+    // wake-up moves it off that CPU (aotc_pool_wake), and as a wake-up, not a move of a queued thread, it
+    // gets its turn on the other core soon. (Moved off at once, it queued behind the other process there:
+    // MobileNetV2 with one core busy 10% slower.)
+    int64_t deadline = pulled ? 0 : aotc_now_ns() + AOTC_POOL_SPIN_NS;
+    pulled = false;
     for (int i = 1; aotc_job_gen(j) == seen && !p.stop.load(std::memory_order_relaxed); ++i) {
       if (i % 256 == 0 && aotc_now_ns() > deadline) {
         const uint32_t w = me.wake.load();
@@ -338,7 +340,9 @@ static void* aotc_pool_worker(void* arg) {
     }
     if (p.stop.load()) return NULL;
     seen = aotc_job_gen(j);
-    aotc_pool_unpull(p, me);  // (a pull that came after its last chunk)
+    cpu_set_t others;  // a pull that came after its last chunk: off the caller's CPU now
+    if (aotc_pool_was_pulled(me) && aotc_pool_off_cpu(p, sched_getcpu(), &others))
+      sched_setaffinity(0, sizeof others, &others);
     const int width = aotc_job_width(j);
     if (id >= width) continue;
     aotc_pool_inside = true;
@@ -353,7 +357,7 @@ static void* aotc_pool_worker(void* arg) {
       me.busy.store(0, std::memory_order_relaxed);
     }
     aotc_pool_inside = false;
-    aotc_pool_unpull(p, me);
+    pulled = aotc_pool_was_pulled(me);
   }
 }
 
@@ -448,7 +452,7 @@ static inline int64_t aotc_clock_ns(clockid_t c) {
 // AOTC_POOL_PULL_WINDOW_NS. A worker inside a chunk whose CPU clock stood still through a window, while the
 // caller's CPU was free, is descheduled (another process has its core) and would hold the loop up for
 // the rest of that process's time slice: it is moved onto the caller's CPU, and leaves it again after the
-// chunk (aotc_pool_unpull). Note (why not leave it to the scheduler): an idle CPU takes a waiting thread
+// chunk (aotc_pool_worker). Note (why not leave it to the scheduler): an idle CPU takes a waiting thread
 // from another only when it has not run for a while (Linux's migration cost, 0.5 ms), so a worker preempted
 // a moment ago stays queued behind the other process (GPT-2 at 1x128 with one core busy waited ~25 ms a
 // call over ~130 loops).
@@ -482,7 +486,7 @@ static inline void aotc_pool_wait_pull(aotc_pool& p, int threads, int64_t chunks
     const int64_t ran = aotc_clock_ns(w.clock) - before[i];
     if (ran < 0 || ran > AOTC_POOL_PULL_WINDOW_NS / 8) continue;  // it ran (or its clock failed)
     if (sched_setaffinity(w.tid, sizeof mine, &mine) != 0) continue;
-    w.moved.store(true);  // widened when it next sleeps, should it miss aotc_pool_unpull
+    w.moved.store(true);  // widened when it next sleeps
     w.pulled.store(here);
     p.stats.pulls += 1;
   }
@@ -675,7 +679,8 @@ int main() {
   }
   // A worker descheduled inside a chunk is pulled onto the waiting caller's CPU (aotc_pool_wait_pull): the
   // worker pinned to another CPU beside a spinning thread, its chunk 20 ms of CPU time, the caller's chunk
-  // only waits for the worker to begin. The chunk ends on the caller's CPU, and the worker then leaves it.
+  // only waits for the worker to begin. The chunk ends on the caller's CPU, and the worker's chunks of the
+  // next loop run elsewhere.
   if (sched_getaffinity(0, sizeof all, &all) == 0 && CPU_COUNT(&all) > 1 && here >= 0) {
     aotc_pool& p = aotc_the_pool();
     aotc_worker& w = p.workers[1];
@@ -718,7 +723,15 @@ int main() {
       aotc_nap(2000000);
       pulls = p.stats.pulls - before;
       end_cpu = last.load();
-      pulled_ok = began.load() && pulls >= 1 && end_cpu == here && w.pulled.load() == -1;
+      // It went to sleep on the caller's CPU; the next loop wakes it elsewhere.
+      std::atomic<int> next_cpu{-1};
+      p.test_no_pull = true;  // (naps)
+      aotc_pool_run(40, 2, [&](int64_t, int slot) {
+        if (slot) next_cpu.store(sched_getcpu());
+        aotc_nap(200000);
+      });
+      p.test_no_pull = false;
+      pulled_ok = began.load() && pulls >= 1 && end_cpu == here && w.pulled.load() == -1 && next_cpu.load() != here;
     }
     stop.store(true);
     pthread_join(spinner, NULL);
