@@ -723,8 +723,11 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
     // L2: the tasks that read one block of B run next to each other (mostly on one thread, which walks its
     // share of the tasks in order), so B streams from memory about once, not once per row block (GPT-2 at
     // 4 x 128 tokens has three blocks of 176 rows). A larger block (2048^3: 4 MiB) would not be there for
-    // the next task: row blocks outermost.
-    const bool m_inner = (double)NB * (double)K * sizeof(T) <= AOTC_MM_A_L2;
+    // the next task: row blocks outermost. So would one of exactly AOTC_MM_A_L2, which leaves no room for the
+    // tasks' A and tiles: BERT's fc2 at AVX2 (512 x 256 x 1024, 64-column blocks of 256 KiB) then ran at
+    // 156-171 GFLOP/s against 201-204 with row blocks outermost (2 threads, cpu_matmul_ab.py, hot and --cold;
+    // AVX-512 shapes within 3%).
+    const bool m_inner = (double)NB * (double)K * sizeof(T) < AOTC_MM_A_L2;
     auto coords = [&](int64_t t, int64_t* bi, int64_t* mi, int64_t* ni) {
       *bi = t / (mblocks * nblocks);
       *mi = m_inner ? t % mblocks : t / nblocks % mblocks;
