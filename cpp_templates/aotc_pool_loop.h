@@ -124,9 +124,7 @@ static std::atomic<int64_t> aotc_selftest_skew_ns{0};
 #endif
 
 static inline int64_t aotc_now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  const int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  const int64_t ns = aotc_clock_ns(CLOCK_MONOTONIC);
 #ifdef AOTC_SELFTEST_POOL
   return ns + aotc_selftest_skew_ns.load(std::memory_order_relaxed);
 #else
@@ -173,7 +171,7 @@ struct aotc_worker {
   std::atomic<int> cpu{-1};  // the CPU it last went to sleep on (aotc_pool_wake)
   std::atomic<bool> moved{false};  // the caller narrowed its affinity to wake it elsewhere: widen it again
   std::atomic<uint32_t> busy{0};   // inside a chunk (aotc_pool_wait_pull)
-  std::atomic<int> pulled{-1};     // the caller's CPU, which it was pulled onto for its late chunk
+  std::atomic<bool> pulled{false};  // the caller moved it onto its CPU for a late chunk
   pid_t tid = 0;
   pthread_t thread;
   clockid_t clock;  // its CPU time
@@ -305,7 +303,7 @@ static inline bool aotc_pool_off_cpu(const aotc_pool& p, int cpu, cpu_set_t* oth
 
 // Whether the caller pulled this worker onto its CPU for a late chunk (aotc_pool_wait_pull); clears it.
 static inline bool aotc_pool_was_pulled(aotc_worker& me) {
-  return me.pulled.load(std::memory_order_relaxed) >= 0 && me.pulled.exchange(-1) >= 0;
+  return me.pulled.load(std::memory_order_relaxed) && me.pulled.exchange(false);
 }
 
 static void* aotc_pool_worker(void* arg) {
@@ -443,11 +441,6 @@ static inline void aotc_pool_wake(aotc_pool& p, int threads) {
   }
 }
 
-static inline int64_t aotc_clock_ns(clockid_t c) {
-  timespec ts;
-  return clock_gettime(c, &ts) == 0 ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : -1;
-}
-
 // The caller has run out of chunks: it sleeps until the workers finish theirs, in windows of
 // AOTC_POOL_PULL_WINDOW_NS. A worker inside a chunk whose CPU clock stood still through a window, while the
 // caller's CPU was free, is descheduled (another process has its core) and would hold the loop up for
@@ -487,7 +480,7 @@ static inline void aotc_pool_wait_pull(aotc_pool& p, int threads, int64_t chunks
     if (ran < 0 || ran > AOTC_POOL_PULL_WINDOW_NS / 8) continue;  // it ran (or its clock failed)
     if (sched_setaffinity(w.tid, sizeof mine, &mine) != 0) continue;
     w.moved.store(true);  // widened when it next sleeps
-    w.pulled.store(here);
+    w.pulled.store(true);
     p.stats.pulls += 1;
   }
 }
@@ -714,10 +707,8 @@ int main() {
           return;
         }
         began.store(true);
-        timespec t0, t;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-        do clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-        while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 20000000L);
+        const int64_t t0 = aotc_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        while (aotc_clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0 < 20000000) aotc_cpu_relax();
         last.store(sched_getcpu());
       });
       aotc_nap(2000000);
@@ -731,7 +722,7 @@ int main() {
         aotc_nap(200000);
       });
       p.test_no_pull = false;
-      pulled_ok = began.load() && pulls >= 1 && end_cpu == here && w.pulled.load() == -1 && next_cpu.load() != here;
+      pulled_ok = began.load() && pulls >= 1 && end_cpu == here && !w.pulled.load() && next_cpu.load() != here;
     }
     stop.store(true);
     pthread_join(spinner, NULL);

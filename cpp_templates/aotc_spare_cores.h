@@ -16,6 +16,12 @@
 
 #include <cmath>
 
+// Clock ``c``'s reading in ns (-1 if it cannot be read): CLOCK_MONOTONIC, a thread's or the process's CPU time.
+static inline int64_t aotc_clock_ns(clockid_t c) {
+  timespec ts;
+  return clock_gettime(c, &ts) == 0 ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : -1;
+}
+
 // One reading: over the CPUs of this process's affinity set, the ticks spent busy (user, nice, system,
 // irq, softirq, steal: a hypervisor's steal is a core nobody here gets) and in all; this process's CPU time.
 struct aotc_cpu_ticks {
@@ -62,9 +68,7 @@ static inline aotc_cpu_ticks aotc_cpu_ticks_now() {
   for (ssize_t r; n < (int64_t)sizeof buf && (r = read(fd, buf + n, sizeof buf - n)) > 0;) n += r;
   close(fd);
   t = aotc_cpu_ticks_parse(buf, n, set);
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  t.own_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  t.own_ns = aotc_clock_ns(CLOCK_PROCESS_CPUTIME_ID);
   return t;
 }
 
