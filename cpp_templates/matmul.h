@@ -51,19 +51,55 @@
 #ifndef AOTC_MM_NB
 #define AOTC_MM_NB 512  // columns per task at most (a multiple of every NR below)
 #endif
-#ifndef AOTC_MM_A_L2
+// Bytes of L2 a task plans around: its packed A block over all of K, and for row tasks all of a build-time
+// packed B. Half the core's L2, read once at the first matmul: a package targets an ISA level, not a part,
+// and an AVX2 package meets 512 KiB of L2 (Zen 2/3) as well as 2 MiB (Xeons since Sapphire Rapids). On a
+// 2 MiB part at AVX2, 1 MiB against the old fixed 256 KiB ran BERT's 512 x 256 x 768 at 220 GFLOP/s, was
+// 182 (2 threads, cpu_matmul_ab.py). Held to 128 KiB-1 MiB (the self-tests' shapes cross 1 MiB); the old
+// per-ISA figure where sysfs has no cache entries. -DAOTC_MM_A_L2 / -DAOTC_MM_B_L2 fix either at build.
+static inline int64_t aotc_mm_sysfs_l2() {
+  char path[80], text[32];
+  for (int i = 0; i < 8; ++i) {
+    int64_t level = 0, size = 0;
+    for (const char* field : {"level", "type", "size"}) {
+      snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, field);
+      FILE* f = fopen(path, "r");
+      if (!f) return 0;
+      const bool got = fgets(text, sizeof text, f) != nullptr;
+      fclose(f);
+      if (!got) return 0;
+      if (field[0] == 'l') level = strtoll(text, nullptr, 10);
+      if (field[0] == 't' && text[0] == 'I') level = 0;  // an instruction cache
+      if (field[0] == 's') {
+        char* unit = nullptr;
+        size = strtoll(text, &unit, 10);
+        size <<= (*unit == 'K' ? 10 : *unit == 'M' ? 20 : 0);
+      }
+    }
+    if (level == 2 && size > 0) return size;
+  }
+  return 0;
+}
+
+static inline double aotc_mm_l2_budget() {
+  static const double bytes = [] {
+    const int64_t l2 = aotc_mm_sysfs_l2();
 #if defined(__AVX512F__)
-#define AOTC_MM_A_L2 (1 << 20)  // bytes of packed A a task keeps in L2 over all of K (the server parts have 1-2 MiB)
+    if (l2 <= 0) return (double)(1 << 20);
 #else
-#define AOTC_MM_A_L2 (1 << 18)  // AVX2 parts: 256 KiB-1 MiB of L2
+    if (l2 <= 0) return (double)(1 << 18);
 #endif
+    const int64_t half = l2 / 2;
+    return (double)(half < (1 << 17) ? (1 << 17) : half > (1 << 20) ? (1 << 20) : half);
+  }();
+  return bytes;
+}
+
+#ifndef AOTC_MM_A_L2
+#define AOTC_MM_A_L2 aotc_mm_l2_budget()
 #endif
 #ifndef AOTC_MM_B_L2
-#if defined(__AVX512F__)
-#define AOTC_MM_B_L2 (1 << 20)  // bytes of a build-time packed B that row tasks keep in each thread's L2
-#else
-#define AOTC_MM_B_L2 (1 << 18)
-#endif
+#define AOTC_MM_B_L2 aotc_mm_l2_budget()
 #endif
 #ifndef AOTC_MM_ROW_STRIPS
 // MR-row strips per row task at least (see aotc_mm_drive). 3 against 2 and 4 (2 threads, best-of wall):
