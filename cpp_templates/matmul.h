@@ -52,11 +52,11 @@
 #define AOTC_MM_NB 512  // columns per task at most (a multiple of every NR below)
 #endif
 // Bytes of L2 a task plans around: its packed A block over all of K, and for row tasks all of a build-time
-// packed B. Half the core's L2, read once at the first matmul: a package targets an ISA level, not a part,
-// and an AVX2 package meets 512 KiB of L2 (Zen 2/3) as well as 2 MiB (Xeons since Sapphire Rapids). On a
-// 2 MiB part at AVX2, 1 MiB against the old fixed 256 KiB ran BERT's 512 x 256 x 768 at 220 GFLOP/s, was
-// 182 (2 threads, cpu_matmul_ab.py). Held to 128 KiB-1 MiB (the self-tests' shapes cross 1 MiB); the old
-// per-ISA figure where sysfs has no cache entries. -DAOTC_MM_A_L2 / -DAOTC_MM_B_L2 fix either at build.
+// packed B. A package targets an ISA level, not a part, so the core's L2 is read once, at the first matmul:
+// 1 MiB where it has 1 MiB or more (every AVX-512 part), else 256 KiB (Zen 2/3's 512 KiB, Haswell's 256).
+// Measured, 2 threads, cpu_matmul_ab.py: on a 2 MiB-L2 Xeon an AVX2 package ran BERT's 512 x 256 x 768 at
+// 220 GFLOP/s, 184 with 256 KiB; at AVX-512, 512 KiB in place of 1 MiB lost 11-29% on BERT's shapes, and a
+// 1 MiB-L2 Zen 4 ran them well at 1 MiB. -DAOTC_MM_A_L2 / -DAOTC_MM_B_L2 fix either at build time.
 static inline int64_t aotc_mm_sysfs_l2() {
   char path[80], text[32];
   for (int i = 0; i < 8; ++i) {
@@ -82,17 +82,12 @@ static inline int64_t aotc_mm_sysfs_l2() {
 }
 
 static inline double aotc_mm_l2_budget() {
-  static const double bytes = [] {
-    const int64_t l2 = aotc_mm_sysfs_l2();
 #if defined(__AVX512F__)
-    if (l2 <= 0) return (double)(1 << 20);
+  return (double)(1 << 20);
 #else
-    if (l2 <= 0) return (double)(1 << 18);
-#endif
-    const int64_t half = l2 / 2;
-    return (double)(half < (1 << 17) ? (1 << 17) : half > (1 << 20) ? (1 << 20) : half);
-  }();
+  static const double bytes = aotc_mm_sysfs_l2() >= (1 << 20) ? (double)(1 << 20) : (double)(1 << 18);
   return bytes;
+#endif
 }
 
 #ifndef AOTC_MM_A_L2
