@@ -9,8 +9,8 @@
 // while packing MR-row strips.
 //
 // Structure (GotoBLAS/BLIS): the output is split into MB x NB tiles, one task each of a loop over (batch,
-// N-blocks, M-blocks; see m_inner). A task walks K in KC slices: packs its A block into MR-high strips,
-// then for each NR-wide B panel (kept in L1) runs the MR x NR register-blocked micro-kernel over every A strip (in
+// M-blocks, N-blocks; one thread may swap the two: see m_inner). A task walks K in KC slices: packs its A
+// block into MR-high strips, then for each NR-wide B panel (kept in L1) runs the MR x NR register-blocked micro-kernel over every A strip (in
 // L2), accumulating into a per-thread tile. Skinny blocks over a build-time packed B swap the two outer
 // loops (panel_outer in aotc_mm_drive: each panel down all of K, A packed once). When K is done, the epilogue functor gets the finished tile
 // while it is still in cache:  epi(b, m0, mb, n0, nb, tile, ldt)  with
@@ -750,15 +750,15 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
                                       aotc_mm_min(K - k0, KC), sam, sak, ka);
       });
     }
-    // Task t is (batch, column block, row block), row blocks innermost, when a column block of B fits in
-    // L2: the tasks that read one block of B run next to each other (mostly on one thread, which walks its
-    // share of the tasks in order), so B streams from memory about once, not once per row block (GPT-2 at
-    // 4 x 128 tokens has three blocks of 176 rows). A larger block (2048^3: 4 MiB) would not be there for
-    // the next task: row blocks outermost. So would one of exactly AOTC_MM_A_L2, which leaves no room for the
-    // tasks' A and tiles: BERT's fc2 at AVX2 (512 x 256 x 1024, 64-column blocks of 256 KiB) then ran at
-    // 156-171 GFLOP/s against 201-204 with row blocks outermost (2 threads, cpu_matmul_ab.py, hot and --cold;
-    // AVX-512 shapes within 3%).
-    const bool m_inner = (double)NB * (double)K * sizeof(T) < AOTC_MM_A_L2;
+    // Task t is (batch, row block, column block). On one thread, row blocks go innermost when a column
+    // block of B fits in L2 with room to spare: the tasks that read one block of B then run next to each
+    // other, so B streams from memory about once, not once per row block (GPT-2 at 4 x 128 tokens has three
+    // blocks of 176 rows). On several threads each walks a contiguous share of the tasks (aotc_pool_claim):
+    // with row blocks outermost that share is its own row blocks, whose A it packed itself, where row blocks
+    // innermost made every thread read all of A, half of it from the other core. 2 threads, against row
+    // blocks innermost (cpu_matmul_ab.py, weights --cold, wall): 512 x 768 x 768 +7-11% at AVX2 and AVX-512,
+    // 512 x 768 x 2304 +4-9%, 1024^3 +1-7%, none below -2%; CPU time of 1 thread: 0.94-1.00.
+    const bool m_inner = nthreads == 1 && (double)NB * (double)K * sizeof(T) < AOTC_MM_A_L2;
     auto coords = [&](int64_t t, int64_t* bi, int64_t* mi, int64_t* ni) {
       *bi = t / (mblocks * nblocks);
       *mi = m_inner ? t % mblocks : t / nblocks % mblocks;
