@@ -381,13 +381,17 @@ def main() -> None:
     if args.precision != "fp32":
         args.no_extras = True  # the 2048^3 matmul and the cold start are fp32 figures
     ort_isa = "MLAS picks by CPUID (no switch): the machine's best"
+    inductor_march = "x86-64-v3"
     if args.avx2:
         import torch._inductor.config as inductor_config
 
         ort_isa = _ort_held_to_avx2()  # before anything else imports onnxruntime
 
         args.target = "cpu:x86-64-v3"
-        inductor_config.cpp.march = "x86-64-v3"  # Inductor's g++ line, which is -march=native otherwise
+        try:
+            inductor_config.cpp.march = "x86-64-v3"  # Inductor's g++ line, which is -march=native otherwise
+        except AttributeError:  # torch before 2.12: its vector code still follows ATEN_CPU_CAPABILITY
+            inductor_march = "native (this torch has no cpp.march; its vector code follows ATEN_CPU_CAPABILITY)"
     torch.set_num_threads(args.threads)
     cpu = _cpu()
     doc: dict = {
@@ -402,7 +406,8 @@ def main() -> None:
                 "onnxruntime": ort_isa},
     }  # fmt: skip
     if args.avx2:
-        doc["notes"].append(f"--avx2: torch held to AVX2 through {AVX2_ENV}; ONNX Runtime: {ort_isa}")
+        doc["notes"].append(f"--avx2: torch held to AVX2 through {AVX2_ENV}, Inductor's -march {inductor_march}; "
+                            f"ONNX Runtime: {ort_isa}")
     if args.no_compile:
         doc["notes"].append("torch.compile skipped (--no-compile)")
     for key in args.models.split(","):

@@ -31,7 +31,10 @@ fi
 if ls .whl-zoo/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site-zoo ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-zoo .whl-zoo/*.whl
 fi
-mkdir -p /tmp/pp && ln -sfn "$PWD/runtime" /tmp/pp/aotc && ln -sfn "$PWD/aot" /tmp/pp/aotc_build
+# aotc_build as pyproject maps it: aot/ with cpp_templates/ inside (a real folder, so no link writes into aot/)
+[ -L /tmp/pp/aotc_build ] && rm /tmp/pp/aotc_build
+mkdir -p /tmp/pp/aotc_build && ln -sfn "$PWD/runtime" /tmp/pp/aotc && ln -sfn "$PWD"/aot/* /tmp/pp/aotc_build/ &&
+  ln -sfn "$PWD/cpp_templates" /tmp/pp/aotc_build/cpp_templates
 export PYTHONPATH=/tmp/site:/tmp/pp PYTHONUNBUFFERED=1
 ZOOPATH=/tmp/site-zoo:$PYTHONPATH
 MODELS=${MODELS:-"resnet50 vit_b_16 mobilenet_v3_large convnext_tiny bert_base gpt2_small t5_small_encoder llama_4l_1024 hf_vit_base hf_resnet50 hf_convnext_tiny hf_mobilenet_v2"}
