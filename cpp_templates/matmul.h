@@ -756,8 +756,9 @@ static void aotc_mm_drive(int64_t batch, int64_t M, int64_t N, int64_t K, const 
     // blocks of 176 rows). On several threads each walks a contiguous share of the tasks (aotc_pool_claim):
     // with row blocks outermost that share is its own row blocks, whose A it packed itself, where row blocks
     // innermost made every thread read all of A, half of it from the other core. 2 threads, against row
-    // blocks innermost (cpu_matmul_ab.py, weights --cold, wall): 512 x 768 x 768 +7-11% at AVX2 and AVX-512,
-    // 512 x 768 x 2304 +4-9%, 1024^3 +1-7%, none below -2%; CPU time of 1 thread: 0.94-1.00.
+    // blocks innermost (cpu_matmul_ab.py, three runs hot and --cold, wall): 512 x 768 x 768 +5-11% at AVX2
+    // and AVX-512, GPT-2's and BERT's other shapes and 1024^3 -2% to +9%. On one thread, CPU time, row blocks
+    // outermost gave 0.94-1.00: one thread keeps them innermost.
     const bool m_inner = nthreads == 1 && (double)NB * (double)K * sizeof(T) < AOTC_MM_A_L2;
     auto coords = [&](int64_t t, int64_t* bi, int64_t* mi, int64_t* ni) {
       *bi = t / (mblocks * nblocks);
