@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aotc.cpu_features import LEVELS
 from aotc.errors import UsageError
 
 from .flags import check_dynamic, check_model_file, check_output, check_sources_dir
-from .options import parse_target
+from .options import BuildOptions, native_cpu_level, parse_target
 
 _BUILD_DEPS = {"aotc_build", "torch", "triton", "sympy", "safetensors", "jinja2", "onnx"}
 
@@ -58,7 +59,6 @@ def run(req: BuildRequest, echo: Any) -> None:
     targets = check(req)
     try:
         from .build import build
-        from .options import BuildOptions
         from .progress import Progress, RichProgress, hush
     except ImportError as e:
         # Only a missing builder or build dependency is the user's to fix; anything else is a bug.
@@ -86,3 +86,18 @@ def run(req: BuildRequest, echo: Any) -> None:
         echo(f"  in {report.timing()}")
     if req.keep_sources is not None and not req.quiet:
         echo(f"  sources in {req.keep_sources}")
+    if report is not None and not targets and not req.quiet:
+        hint = _portable_default_hint(options)
+        if hint:
+            echo(hint)
+
+
+def _portable_default_hint(options: BuildOptions) -> str | None:
+    """A note when the default (portable) CPU level is below this machine's: a package built without
+    --target runs AVX2 code on an AVX-512 server, where ONNX Runtime and torch pick AVX-512 at run time."""
+    level = next((t.arch for t in options.targets if t.kind == "cpu"), None)
+    native = native_cpu_level()
+    if level is None or LEVELS.index(native) <= LEVELS.index(level):
+        return None
+    return (f"  note: built for cpu:{level}, the portable default; this machine runs {native}: "
+            f"--target cpu:native (or cpu:{native}) runs faster here and on machines like it")

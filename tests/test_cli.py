@@ -7,6 +7,7 @@ import json
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -20,7 +21,7 @@ from click.testing import CliRunner
 from test_package import flip, write_raw
 
 
-def invoke(*args: str) -> click.testing.Result:
+def invoke(*args: str | Path) -> click.testing.Result:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
@@ -159,7 +160,7 @@ def test_build_without_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_build_passes_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = tmp_path / "m.py"
     model.write_text("")
-    seen = {}
+    seen: dict[str, Any] = {}
 
     def fake_build(model_path, out_path, options, entry, inputs_entry, cache_dir=None, *rest, **kw):
         seen.update(model=model_path, out=out_path, options=options, entry=entry, inputs_entry=inputs_entry, cache=cache_dir)
@@ -178,6 +179,32 @@ def test_build_passes_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert seen["cache"] == tmp_path / "cache"
     bad = invoke("build", model, "-o", tmp_path / "m.pkg", "--target", "tpu")
     assert bad.exit_code == errors.UsageError.exit_code and "unknown target" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("native", "flags", "hinted"),
+    [("x86-64-v4", [], True), ("x86-64-v4", ["--target", "cpu:x86-64-v3"], False), ("x86-64-v4", ["-q"], False),
+     ("x86-64-v3", [], False)],
+)  # fmt: skip
+def test_build_notes_the_portable_default_below_this_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str, flags: list[str], hinted: bool
+) -> None:
+    """Without --target a package runs AVX2 code; on an AVX-512 machine the build says how to get its speed."""
+    from aotc_build import cli_build
+
+    model = tmp_path / "m.py"
+    model.write_text("")
+
+    def fake_build(model_path, out_path, options, *rest, **kw):
+        return types.SimpleNamespace(kernels=1, targets=[str(t) for t in options.targets], seconds=None)
+
+    monkeypatch.setitem(sys.modules, "aotc_build.build", types.SimpleNamespace(build=fake_build))
+    monkeypatch.setattr(cli_build, "native_cpu_level", lambda: native)
+    r = invoke("build", model, "-o", tmp_path / "m.pkg", *flags)
+    assert r.exit_code == 0, r.output
+    assert ("--target cpu:native" in r.stdout) is hinted, r.stdout
+    if hinted:
+        assert "built for cpu:x86-64-v3, the portable default; this machine runs x86-64-v4" in r.stdout
 
 
 @pytest.mark.parametrize("name", sorted(errors.EXIT_CODES))
