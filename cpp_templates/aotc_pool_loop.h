@@ -444,8 +444,8 @@ static inline void aotc_pool_wake(aotc_pool& p, int threads) {
 // The caller has run out of chunks: it sleeps until the workers finish theirs, in windows of
 // AOTC_POOL_PULL_WINDOW_NS. A worker inside a chunk whose CPU clock stood still through a window, while the
 // caller's CPU was free, is descheduled (another process has its core) and would hold the loop up for
-// the rest of that process's time slice: it is moved onto the caller's CPU, and leaves it again after the
-// chunk (aotc_pool_worker). Note (why not leave it to the scheduler): an idle CPU takes a waiting thread
+// the rest of that process's time slice: it is moved onto the caller's CPU, sleeps there after the chunk,
+// and the next loop's wake-up moves it off (aotc_pool_worker, aotc_pool_wake). Note (why not leave it to the scheduler): an idle CPU takes a waiting thread
 // from another only when it has not run for a while (Linux's migration cost, 0.5 ms), so a worker preempted
 // a moment ago stays queued behind the other process (GPT-2 at 1x128 with one core busy waited ~25 ms a
 // call over ~130 loops).

@@ -17,8 +17,9 @@
 # safety:    tests/gpu/test_safety_gpu.py and test_token_ids_gpu.py (they build their own packages here).
 # cpu-sbs:   benchmarks/cpu_side_by_side.py on this host's CPU held to 2 cores (taskset), the small
 #            server: a second CPU beside the build machine's, and an AVX2-only one where the host has no AVX-512
-#            (lscpu.txt says). CPU_MODELS (default: the first four and the extras; then CPU_MODELS=gpt2_1,gpt2_4
-#            CPU_ARGS=--no-extras in a second call: all of it takes ~7 min), CPU_ARGS (--avx2 for the stand-in).
+#            (lscpu.txt says). CPU_MODELS (default: the first four and the extras, ~3.5 min; then
+#            CPU_MODELS=gpt2_1 and CPU_MODELS=gpt2_4 with CPU_ARGS=--no-extras, ~1.5 and over 4 min: a call each),
+#            CPU_ARGS (--avx2 for the stand-in).
 # tune:      benchmarks/tune_table.py --write-table (TUNE_MODELS, TUNE_PRECISIONS); sm_90.json comes back in $OUT.
 # .whl holds cffi + pycparser (the image lacks cffi); .whl-zoo the transformers release the zoo is written for.
 set -uo pipefail
