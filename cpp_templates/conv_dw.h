@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void aotc_block_store(V (&acc)[MR][
 // in a pass over the stored tile.
 template <class T, int MR, int NV, int NVP, int STEP>
 static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c, int64_t ldc,
-                                       const aotc_conv_clamp<T>* fin, const T* bias) {
+                                       const aotc_conv_clamp<T>* fin, const T* bias, const T* pf, int64_t pfk) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NVP * L;
   // with ``fin`` the accumulators start at the bias: an add per accumulator fewer on the FMA ports (the
@@ -121,8 +121,7 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
   if constexpr (STEP == 0)
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) p[i] = ind[i];
-#pragma GCC unroll 2
-  for (int64_t k = 0; k < C; ++k) {
+  auto step = [&](int64_t k) __attribute__((always_inline)) {
     const T* ak = NULL;
     if constexpr (STEP > 0) {
       ak = a + k;
@@ -141,17 +140,27 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[i][j] = aotc_vfma(av, bv[j], acc[i][j]);
     }
+  };
+  int64_t k = 0;
+  // the first pfk steps each prefetch a row of the next panel (aotc_block_1x1 spreads its rows over the strips)
+  for (const int64_t n = pfk < C ? pfk : C; k < n; ++k) {
+    for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + k * NR) + l);
+    step(k);
   }
+#pragma GCC unroll 2
+  for (; k < C; ++k) step(k);
   aotc_block_store<T, MR, NV>(acc, c, ldc, fin);
 }
 
 // The first NU of the panel's NV vectors (NU < NV: a last panel of fewer channels, the rest not computed)
 template <class T, int MR, int NV, int STEP, int NU = NV>
 static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c,
-                                        int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias) {
+                                        int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias, const T* pf,
+                                        int64_t pfk) {
   constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NU>::value;
   for (int j0 = 0; j0 < NU; j0 += NH)
-    aotc_block_1x1_part<T, MR, NH, NV, STEP>(C, a, ind, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL);
+    aotc_block_1x1_part<T, MR, NH, NV, STEP>(C, a, ind, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL,
+                                             pf, j0 == 0 ? pfk : 0);
 }
 
 // f(std::integral_constant<int, nu>()) for nu in [1, NU]
@@ -197,16 +206,22 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
   constexpr bool rowk = STEP > 0 && MR > 8;
   const bool even = rowk && sxw == STEP && (sxh == W * sxw || q % W + np <= W);  // one row, or dense rows
   // M pixels from ind[i] into dst, the panel's first NU vectors; ``real``: all M of them are pixels, none padding
+  // Each strip of a panel prefetches its share of the next panel's C rows: the weights stream from L3 or
+  // memory once per call (at one thread all of MobileNetV2's 14 MB), and a panel's first strip waited on them.
+  const int64_t chunk = (C + strips - 1) / strips;
   auto strip = [&](auto m, auto nu, int64_t i, int64_t js, T* dst, bool real = true) {
     constexpr int M = decltype(m)::value, NU = decltype(nu)::value;
     const T* b = bias != NULL ? bias + js : NULL;
+    const int64_t k0 = aotc_mm_min(i / MR, strips - 1) * chunk;
+    const T* pf = js + NR < O && k0 < C ? wp + (js + NR) * kp + k0 * NR : NULL;
+    const int64_t pfk = pf != NULL ? aotc_mm_min(chunk, C - k0) : 0;
     if constexpr (rowk) {
       if (even && real) {  // pixel i + j at ind[i] + j * STEP
-        aotc_block_1x1_micro<T, M, NV, STEP, NU>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b);
+        aotc_block_1x1_micro<T, M, NV, STEP, NU>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b, pf, pfk);
         return;
       }
     }
-    aotc_block_1x1_micro<T, M, NV, 0, NU>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b);
+    aotc_block_1x1_micro<T, M, NV, 0, NU>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b, pf, pfk);
   };
   for (int64_t js = 0; js < O; js += NR) {
     // a last panel's vectors past O are not computed (their columns of c are not written): 144 channels in
