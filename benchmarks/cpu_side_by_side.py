@@ -3,6 +3,7 @@
     python benchmarks/cpu_side_by_side.py [--models mlp,cnn,bert,mobilenet,gpt2_1,gpt2_4]
                                           [--out FILE.json] [--threads N] [--no-compile] [--no-extras]
                                           [--target cpu:native|cpu:x86-64-v3|...] [--avx2] [--precision bf16]
+                                          [--bursts ON:PERIOD]
 
 Every engine gets the same inputs and the same thread count (the machine's cores unless --threads);
 fp32; each round times 30 single calls and takes their median, three rounds interleave the engines
@@ -25,6 +26,8 @@ the ratios understate aotc against it. The JSON records which ISA each engine ra
 inputs), against eager torch and torch.compile in bf16 (oneDNN's AVX512_BF16 kernels where the CPU has
 them); ONNX Runtime's CPU provider has no bf16 kernels for these models, so it sits out, and the best peer is
 the faster of eager and torch.compile. The 2048^3 matmul and the cold start (fp32 figures) are left out.
+--bursts ON:PERIOD: the models are timed while another process spins ON ms of every PERIOD ms (a neighbour that
+comes and goes, as on a shared host whose vCPUs are taken now and then): every engine meets the same neighbour.
 On 2 cores the whole set takes several minutes (torch.compile and the aotc build of GPT-2 dominate).
 """
 
@@ -377,7 +380,17 @@ def main() -> None:
     ap.add_argument("--target", default="cpu:native", help="the aotc package's CPU target (cpu:x86-64-v3: the AVX2 code)")
     ap.add_argument("--avx2", action="store_true", help="stand in for an AVX2-only CPU: aotc x86-64-v3, torch held to AVX2")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: every engine in bfloat16 (ORT sits out)")
+    ap.add_argument("--bursts", default=None, metavar="ON:PERIOD", help="time the models beside a process spinning ON ms of every PERIOD")
     args = ap.parse_args()
+    bursts = None
+    if args.bursts:
+        try:
+            on, period = (float(v) for v in args.bursts.split(":"))
+        except ValueError:
+            ap.error(f"--bursts {args.bursts!r}: expected ON:PERIOD in ms, e.g. 4:10")
+        if not 0 < on < period:
+            ap.error(f"--bursts {args.bursts!r}: ON must be above 0 and below PERIOD")
+        bursts = (on, period)
     if args.precision != "fp32":
         args.no_extras = True  # the 2048^3 matmul and the cold start are fp32 figures
     ort_isa = "MLAS picks by CPUID (no switch): the machine's best"
@@ -410,10 +423,14 @@ def main() -> None:
                             f"ONNX Runtime: {ort_isa}")
     if args.no_compile:
         doc["notes"].append("torch.compile skipped (--no-compile)")
-    for key in args.models.split(","):
-        row = bench_model(key.strip(), args.threads, not args.no_compile, args.target, args.precision)
-        doc["rows"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "package"}), flush=True)
+    if bursts:
+        doc["notes"].append(f"--bursts: models timed beside a process spinning {bursts[0]:g} ms of every {bursts[1]:g} ms")
+        doc["bursts_ms"] = list(bursts)
+    with busy_core(bursts) if bursts else contextlib.nullcontext():
+        for key in args.models.split(","):
+            row = bench_model(key.strip(), args.threads, not args.no_compile, args.target, args.precision)
+            doc["rows"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "package"}), flush=True)
     ratios = [r["best_peer_over_aotc"] for r in doc["rows"] if "best_peer_over_aotc" in r]
     if ratios:
         doc["geomean_best_peer_over_aotc"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
