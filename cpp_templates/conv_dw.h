@@ -144,7 +144,7 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
   int64_t k = 0;
   // the first pfk steps each prefetch a row of the next panel (aotc_block_1x1 spreads its rows over the strips)
   for (const int64_t n = pfk < C ? pfk : C; k < n; ++k) {
-    for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + k * NR) + l);
+    aotc_mm_prefetch_row<NR>(pf + k * NR);
     step(k);
   }
 #pragma GCC unroll 2

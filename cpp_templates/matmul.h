@@ -270,6 +270,13 @@ struct aotc_elem<aotc_f16_tag> {
 // spread too, one every up to AOTC_MM_PF_SPREAD steps: with few strips (the MLP's 64 rows: 6) one a step
 // still came in bursts, and weights cold in memory ran 64 x 4096 x 4096 at 118 GFLOP/s against 140 with
 // one every 4 (1 thread, CPU time; AVX2, at 100 GFLOP/s, needs half the bandwidth and did not move).
+// One row of NR elements of a packed panel into the cache (the prefetch above; matmul_bf16.h's and
+// conv_dw.h's micro-kernels too).
+template <int NR, class T>
+static inline __attribute__((always_inline)) void aotc_mm_prefetch_row(const T* row) {
+  for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)row + l);
+}
+
 // Row i of a register block: its NV accumulator vectors into c (the micro-kernels' last step: matmul's,
 // conv_kernels.h's and conv_wino.h's).
 template <class T, int NV, class V>
@@ -369,7 +376,8 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
   };
   int64_t k = 0;
   if (pf != NULL) {
-    // a row of ``pf`` every ``sp`` steps, over as much of this call as the rows cover
+    // a row of ``pf`` every ``sp`` steps, over as much of this call as the rows cover (matmul_bf16.h's
+    // aotc_mm_pf_every; called here instead, BERT's 512 x 256 x 1024 ran 9% slower at AVX2 on 2 threads)
     const int64_t spread = pfk > 0 ? kc / pfk : 1;
     const int sp = spread < 1 ? 1 : (spread > AOTC_MM_PF_SPREAD ? AOTC_MM_PF_SPREAD : (int)spread);
     // SP steps per row as one unrolled body: the loop of a variable count per row ran BERT's 512 x 256 x 1024
@@ -377,7 +385,7 @@ static inline void aotc_mm_micro(int64_t kc, const T* __restrict ap, const T* __
     auto run = [&](auto spc) __attribute__((always_inline)) {
       constexpr int SP = decltype(spc)::value;
       for (int64_t r = 0; r < pfk && k + SP <= kc; ++r, k += SP) {
-        for (int l = 0; l < (int)(NR * sizeof(T)); l += 64) __builtin_prefetch((const char*)(pf + r * NR) + l);
+        aotc_mm_prefetch_row<NR>(pf + r * NR);
 #pragma GCC unroll 8
         for (int q = 0; q < SP; ++q) step(k + q);
       }

@@ -97,7 +97,7 @@ static void aotc_mm_micro_widen(int64_t kc, const uint32_t* __restrict ap, const
   const int every = aotc_mm_pf_every(kc, pfk);
   for (int64_t k = 0; k < kc; ++k) {
     if (pf != NULL && k % every == 0 && k / every < pfk)
-      for (int l = 0; l < (int)(NR * sizeof(uint32_t)); l += 64) __builtin_prefetch((const char*)(pf + k / every * NR) + l);
+      aotc_mm_prefetch_row<NR>(pf + k / every * NR);
     V lo[NV], hi[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
@@ -152,7 +152,7 @@ __attribute__((target("avx512bf16"))) static void aotc_mm_micro_dpbf16(int64_t k
   if (pf != NULL)
     for (; k < kc && k / every < pfk; ++k) {
       if (k % every == 0)
-        for (int l = 0; l < (int)(NR * sizeof(uint32_t)); l += 64) __builtin_prefetch((const char*)(pf + k / every * NR) + l);
+        aotc_mm_prefetch_row<NR>(pf + k / every * NR);
       aotc_mm_step_dpbf16<MR, R, NV>(acc, k, ap, bp);
     }
 #pragma GCC unroll 2
