@@ -3,6 +3,7 @@ timing loop, and ``busy_core`` for timings taken while another process keeps a c
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import statistics
 import subprocess
@@ -38,6 +39,17 @@ while True:
         pass
     time.sleep(period - on)
 """
+
+
+def bursts_arg(text: str) -> tuple[float, float]:
+    """argparse type of the scripts' ``--bursts ON:PERIOD`` (ms): busy_core's ``bursts``."""
+    try:
+        on, period = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ON:PERIOD in ms, e.g. 4:10") from None
+    if not 0 < on < period:
+        raise argparse.ArgumentTypeError(f"{text!r}: ON must be above 0 and below PERIOD")
+    return on, period
 
 
 @contextlib.contextmanager

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_timing import busy_core
+from bench_timing import bursts_arg, busy_core
 from cpu_side_by_side import MODELS, ROOT, _cpu, _ort, _versions, prepared
 
 
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--neighbour", action="store_true", help="an ONNX Runtime session in the process, called before each variant")
-    ap.add_argument("--bursts", default=None, metavar="ON:PERIOD",
+    ap.add_argument("--bursts", type=bursts_arg, default=None, metavar="ON:PERIOD",
                     help="also time every variant while a process spins ON ms of every PERIOD ms (e.g. 5:20)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="JSON (default: benchmarks/results/cpu_contention_<date>.json)")
     ap.add_argument("--baseline", type=Path, default=None, help="also time the packages here (an older aotc's, --build-only) as base_auto")
@@ -177,8 +177,7 @@ def main() -> None:
         "method": f"median of {args.calls} calls, best of {args.rounds} interleaved rounds; ms",
         "loadavg_start": os.getloadavg(), "rows": [],
     }  # fmt: skip
-    on, _, period = (args.bursts or "").partition(":")
-    bursts = (float(on), float(period)) if args.bursts else None
+    bursts = args.bursts
     doc["bursts_ms"] = bursts
     for key in keys:
         row = bench(key, args.pkg_dir, args.target, args.calls, args.rounds, args.neighbour, args.baseline, bursts)

@@ -61,7 +61,7 @@ from torch import nn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_timing import busy_core  # noqa: E402
+from bench_timing import bursts_arg, busy_core  # noqa: E402
 from zoo.models import FirstOutput  # noqa: E402  (the zoo's wrapper: ModelOutput -> its first tensor)
 
 CALLS, ROUNDS = 30, 3
@@ -380,17 +380,10 @@ def main() -> None:
     ap.add_argument("--target", default="cpu:native", help="the aotc package's CPU target (cpu:x86-64-v3: the AVX2 code)")
     ap.add_argument("--avx2", action="store_true", help="stand in for an AVX2-only CPU: aotc x86-64-v3, torch held to AVX2")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: every engine in bfloat16 (ORT sits out)")
-    ap.add_argument("--bursts", default=None, metavar="ON:PERIOD", help="time the models beside a process spinning ON ms of every PERIOD")
+    ap.add_argument("--bursts", type=bursts_arg, default=None, metavar="ON:PERIOD",
+                    help="time the models beside a process spinning ON ms of every PERIOD")  # fmt: skip
     args = ap.parse_args()
-    bursts = None
-    if args.bursts:
-        try:
-            on, period = (float(v) for v in args.bursts.split(":"))
-        except ValueError:
-            ap.error(f"--bursts {args.bursts!r}: expected ON:PERIOD in ms, e.g. 4:10")
-        if not 0 < on < period:
-            ap.error(f"--bursts {args.bursts!r}: ON must be above 0 and below PERIOD")
-        bursts = (on, period)
+    bursts = args.bursts
     if args.precision != "fp32":
         args.no_extras = True  # the 2048^3 matmul and the cold start are fp32 figures
     ort_isa = "MLAS picks by CPUID (no switch): the machine's best"

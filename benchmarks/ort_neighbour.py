@@ -22,18 +22,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import onnxruntime as ort
 import torch
-from bench_timing import busy_core
+from bench_timing import bursts_arg, busy_core
 from cpu_side_by_side import MODELS, prepared
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="mobilenet", choices=list(MODELS))
-    ap.add_argument("--bursts", default="4:10", metavar="ON:PERIOD")
+    ap.add_argument("--bursts", type=bursts_arg, default="4:10", metavar="ON:PERIOD")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=30)
     args = ap.parse_args()
-    on, period = (float(v) for v in args.bursts.split(":"))
+    on, period = args.bursts
     _, make, inputs = MODELS[args.model]
     model, x = prepared(make, inputs)
     path = Path(tempfile.mkdtemp(prefix="ort_neighbour_")) / "m.onnx"
