@@ -640,6 +640,38 @@ static int aotc_conv_check_out(aotc_conv_shape s, bool nchw_input, bool residual
   return fails;
 }
 
+// aotc_conv_dw_row2 (two output rows at once) against aotc_conv_dw_row a row at a time, bit for bit, on
+// fractional data (a change in the order of the products shows): input rows outside the image (NULL) at
+// either end, rows shorter than a block, odd channels (the one-pixel loop), padding 0-2, with and without a
+// register epilogue.
+static int aotc_conv_check_dw_row2(int64_t W, int64_t C, int64_t pw, int64_t sh, bool fin_on) {
+  const int64_t OW = (W + 2 * pw - 3) / sh + 1, n_in = 3 + sh;
+  const aotc_conv_shape s{1, C, 8, W, C, 3, 3, 8, OW, sh, sh, 1, pw, 1, 1, C};
+  std::vector<float> x(n_in * W * C), w(9 * C), bias(C);
+  uint32_t r = 777;
+  for (auto* v : {&x, &w, &bias})
+    for (float& f : *v) f = (float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+  const aotc_conv_clamp<float> fin{bias.data(), 0, -0.25f, 0.25f};
+  int fails = 0;
+  for (int nulls = 0; nulls < 3; ++nulls) {  // none, the first, the last input row outside the image
+    const float* rows[6];
+    for (int64_t i = 0; i < n_in; ++i) rows[i] = x.data() + i * W * C;
+    if (nulls == 1) rows[0] = NULL;
+    if (nulls == 2) rows[n_in - 1] = NULL;
+    const int64_t ldt = C + 3;
+    std::vector<float> want(2 * OW * ldt, -9.0f), got(want);
+    for (int64_t j = 0; j < 2; ++j)
+      aotc_conv_dw_row<float, 3>(s, rows + j * sh, C, w.data(), 0, C, want.data() + j * OW * ldt, ldt, fin_on ? &fin : NULL);
+    aotc_conv_dw_row2<float>(s, rows, C, w.data(), 0, C, got.data(), got.data() + OW * ldt, ldt, fin_on ? &fin : NULL);
+    if (memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0) {
+      printf("aotc_conv_dw_row2 W=%ld C=%ld pw=%ld stride %ld fin %d nulls %d: differs\n", (long)W, (long)C, (long)pw,
+             (long)sh, (int)fin_on, nulls);
+      ++fails;
+    }
+  }
+  return fails;
+}
+
 int main() {
   int fails = 0;
   fails += aotc_conv_check({2, 6, 9, 11, 4, 3, 3, 5, 6, 2, 2, 1, 1, 1, 1, 2});  // grouped, strided, padded
@@ -707,6 +739,11 @@ int main() {
   fails += aotc_conv_check_nhwc<1>({1, 20, 6, 18, 20, 3, 3, 6, 9, 1, 2, 1, 1, 1, 1, 20}, false);
   fails += aotc_conv_check_nhwc<1>({1, 8, 7, 9, 8, 3, 3, 5, 6, 2, 2, 2, 2, 1, 1, 8}, false);
   fails += aotc_conv_check_nhwc<1>({1, 16, 11, 20, 16, 3, 3, 5, 10, 2, 2, 1, 1, 2, 1, 16}, false);
+  for (int64_t W : {1, 2, 7, 14, 19, 56})
+    for (int64_t C : {16, 37, 64})
+      for (int64_t pw = 0; pw < 3; ++pw)
+        for (int64_t sh = 1; sh < 3; ++sh)
+          if (W + 2 * pw >= 3) fails += aotc_conv_check_dw_row2(W, C, pw, sh, W % 2 == 0);
   return fails != 0;
 }
 #endif

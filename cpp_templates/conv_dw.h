@@ -303,6 +303,8 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   // Row steps: R output rows at a time (at least EP pixels when the image has them), from a ring of the
   // cap input rows they need.
   const int64_t R = aotc_mm_min((EP + OW - 1) / OW, OH), cap = (R - 1) * sh + KH;
+  // the depthwise two output rows at a time where that loads fewer inputs (aotc_conv_dw_row2: a 3x3 at stride 1)
+  const bool pairs = KH == 3 && sd.KW == 3 && sh == 1 && sd.sw == 1;
   // Pieces: a strip's steps in up to AOTC_BLOCK_PIECES runs, each a task. The thread whose share holds a
   // strip claims its pieces in order and carries its ring from one to the next, so nothing is computed
   // twice; a thread that runs out of its own takes the last piece left of another's strip (aotc_pool_claim)
@@ -317,7 +319,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   const int64_t align = 64 / (int64_t)sizeof(T), ptr = (int64_t)((sizeof(void*) + sizeof(T) - 1) / sizeof(T));
   const int64_t ring_sz = aotc_roundup(cap * W * ldr, align), etile_sz = aotc_roundup(EP * ldr, align);
   const int64_t drow_sz = aotc_roundup(R * OW * ldd, align), ptile_sz = aotc_roundup(EP * ldp, align);
-  const int64_t ind_sz = aotc_roundup((EP + KH) * ptr, align);  // pixel pointers, then KH row pointers
+  const int64_t ind_sz = aotc_roundup((EP + KH + sh) * ptr, align);  // pixel pointers, then KH + sh row pointers
   const int64_t per = ring_sz + etile_sz + drow_sz + ptile_sz + ind_sz + aotc_roundup(ldr, align);  // + the expand's bias
   const aotc_mm_scratch<T> scratch((size_t)(per * threads + part_sz * N * slices), nested);
   T* ws_all = scratch.p;
@@ -376,13 +378,19 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
         q += np;
       }
       if (need1 > have) have = need1;
+      // a register epilogue in the row kernel, on the accumulators (aotc_conv_vfin's max/min): no pass over the rows
+      const aotc_conv_clamp<T>* fin = aotc_block_fin<T, EpiD>::value ? &fin_d : NULL;
       for (int64_t j = 0; j < r; ++j) {
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          const int64_t ih = (oh + j) * sh - sd.ph + kh;
-          rows[kh] = ih >= 0 && ih < H ? ring + (ih % cap) * W * ldr : NULL;
+        const bool two = pairs && j + 1 < r;  // rows j and j + 1 (aotc_conv_dw_row2)
+        for (int64_t i = 0; i < KH + (two ? sh : 0); ++i) {
+          const int64_t ih = (oh + j) * sh - sd.ph + i;
+          rows[i] = ih >= 0 && ih < H ? ring + (ih % cap) * W * ldr : NULL;
         }
-        // a register epilogue in the row kernel, on the accumulators (aotc_conv_vfin's max/min): no pass over the rows
-        const aotc_conv_clamp<T>* fin = aotc_block_fin<T, EpiD>::value ? &fin_d : NULL;
+        if (two) {
+          aotc_conv_dw_row2<T>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, drow + (j + 1) * OW * ldd + h0, ldd, fin);
+          ++j;
+          continue;
+        }
         if (sd.KW == 3)
           aotc_conv_dw_row<T, 3>(sd, rows, ldr, wd, h0, hb, drow + j * OW * ldd + h0, ldd, fin);
         else
