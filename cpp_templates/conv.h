@@ -415,6 +415,17 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
                     xs.s2 == s.W * xs.s3;
+  if constexpr (NV == 2) {
+    // A 1x1 conv over dense rows of pixels is a matmul, [P][C] x the packed weight (the conv's panels,
+    // [ceil(O / NR)][C][NR], are the matmul's): its driver slices K and prefetches the next panel, where the
+    // strips below read each panel cold (MobileNetV2's last conv, 49 x 320 -> 1280 with its 1.6 MB of
+    // weights, 16% faster at AVX-512 and 6% at AVX2, one thread; the same sums, k in order).
+    if (rows) {
+      aotc_matmul_packed<T, 2>(s.N, P, s.O, s.C, (const T*)(const void*)x, [&](int64_t n) { return xs.off + n * xs.s0; },
+                               xs.s3, 1, wp, epi);
+      return;
+    }
+  }
   if constexpr (STEP > 0) {
     if (!rows && STEP == s.sw * s.C && xs.s3 == s.C && s.dw == 1) {
       const int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end(s.KW - 1 - s.pw, s.sw, s.W, s.OW);
