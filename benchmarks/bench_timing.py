@@ -1,15 +1,26 @@
 """What the benchmark scripts share for timing (imported as a sibling: scripts run from benchmarks/): the one
-timing loop, and ``busy_core`` for timings taken while another process keeps a core busy."""
+timing loop, ``busy_core`` for timings taken while another process keeps a core busy, and ``cpu_name`` for
+the results' records."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import platform
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the machine's architecture where it has none)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
 
 
 def median_ms(fn: Callable[[], object], *, repeats: int, calls: int | None = None, warmup: int = 1, min_time: float = 0.3) -> float:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_timing import cpu_name  # noqa: E402
 from cpu_matmul_ab import FLAGS, base_templates  # noqa: E402
 
 HARNESS = ROOT / "benchmarks" / "block_ab.cpp"
@@ -51,13 +51,6 @@ def run(exe: Path, threads: int, reps: int) -> tuple[list[str], list[float]]:
         labels.append(f"{f[1]}->{f[3]}->{f[4]} {f[2]}x{f[2]} s{f[5]}")
         ms.append(float(f[6]))
     return labels, ms
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def main() -> None:
@@ -103,7 +96,7 @@ def main() -> None:
     if args.out:
         doc = {
             "date": time.strftime("%Y-%m-%d"), "level": args.level, "threads": args.threads, "rounds": args.rounds,
-            "reps": args.reps, "cpu": _cpu_name(), "variants": sys.argv[1:],
+            "reps": args.reps, "cpu": cpu_name(), "variants": sys.argv[1:],
             "blocks": labels, "ms": med, "total_ms": totals,
         }  # fmt: skip
         args.out.write_text(json.dumps(doc, indent=1))

@@ -61,7 +61,7 @@ from torch import nn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_timing import bursts_arg, busy_core  # noqa: E402
+from bench_timing import bursts_arg, busy_core, cpu_name  # noqa: E402
 from zoo.models import FirstOutput  # noqa: E402  (the zoo's wrapper: ModelOutput -> its first tensor)
 
 CALLS, ROUNDS = 30, 3
@@ -335,9 +335,7 @@ def bench_cold_start(pkg: str, runs: int = 11) -> dict:
 def _cpu() -> dict:
     from aotc.cpu_features import cpu_flags, cpu_level
 
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
-    return {"model": name, "cores": os.cpu_count(), "level": cpu_level(), "flags": sorted(cpu_flags())}
+    return {"model": cpu_name(), "cores": os.cpu_count(), "level": cpu_level(), "flags": sorted(cpu_flags())}
 
 
 def _ort_held_to_avx2() -> str:

@@ -30,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_timing import cpu_name  # noqa: E402
+
 EXAMPLES = ("mlp", "cnn", "transformer")
 CONCURRENCY = (1, 8, 32)
 
@@ -147,13 +150,6 @@ def _better(old: dict[str, float] | None, new: dict[str, float]) -> dict[str, fl
     return new if old is None or new["rps"] > old["rps"] else old
 
 
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?", default=str(ROOT / "benchmarks" / "results" / f"serve_throughput_{datetime.date.today()}.json"))
@@ -206,7 +202,7 @@ def main() -> None:
 
     doc = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()},
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()},
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "aiohttp": aiohttp.__version__,
                      "grpcio": grpc.__version__},
         "method": "single-row requests; loop_batchN: one thread calling model(x) on N rows, figures per row; serve_P_cN: N concurrent "
