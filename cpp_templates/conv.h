@@ -303,18 +303,41 @@ struct aotc_conv_out {
   aotc_conv_clamp<T> fin;
   int64_t P, O;
   const T* res = NULL;
+  // A tile's pass (where the kernels do not write from their registers): vectors, then the channels past the
+  // last whole one; no clamp where its bounds are infinite (no activation: a NaN and the zeros' signs pass as
+  // they would through it). As one simd loop over the channels with the clamp and the null checks inside, it
+  // stayed scalar: MobileNetV2's blocks whose tiles it took (24 channels at AVX-512, hidden slices on 2
+  // threads) ran 6-32% slower than through a lambda.
   void operator()(int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const T* tile, int64_t ldt) const {
-    const T* bias = fin.bias != NULL ? fin.bias + n * fin.bias_n : NULL;
+    typedef typename aotc_mm_vec<T>::type V;
+    constexpr int L = (int)(sizeof(V) / sizeof(T));
+    const T* bias = fin.bias != NULL ? fin.bias + n * fin.bias_n + o0 : NULL;
     const aotc_conv_clamp<T> clamp{NULL, 0, fin.lo, fin.hi};
+    const bool clamps = !(fin.lo == -(T)INFINITY && fin.hi == (T)INFINITY);
+    const int64_t ov = ob / L * L;
     for (int64_t p = p0; p < p0 + pb; ++p) {
-      T* o = out + (n * P + p) * O;
-      const T* r = res != NULL ? res + (n * P + p) * O : NULL;
-      const T* t = tile + (p - p0) * ldt - o0;
-#pragma omp simd
-      for (int64_t oc = o0; oc < o0 + ob; ++oc) {
-        T v = bias != NULL ? t[oc] + bias[oc] : t[oc];
-        if (r != NULL) v = v + r[oc];
-        o[oc] = aotc_conv_fin(v, clamp, (const T*)NULL, oc);
+      T* o = out + (n * P + p) * O + o0;
+      const T* r = res != NULL ? res + (n * P + p) * O + o0 : NULL;
+      const T* t = tile + (p - p0) * ldt;
+      int64_t c = 0;
+      for (; c < ov; c += L) {
+        V v, u;
+        memcpy(&v, t + c, sizeof(V));
+        if (bias != NULL) {
+          memcpy(&u, bias + c, sizeof(V));
+          v += u;
+        }
+        if (r != NULL) {
+          memcpy(&u, r + c, sizeof(V));
+          v += u;
+        }
+        if (clamps) v = aotc_conv_vfin<T>(v, clamp, (const T*)NULL, 0);
+        memcpy(o + c, &v, sizeof(V));
+      }
+      for (; c < ob; ++c) {
+        T v = bias != NULL ? t[c] + bias[c] : t[c];
+        if (r != NULL) v = v + r[c];
+        o[c] = clamps ? aotc_conv_fin(v, clamp, (const T*)NULL, c) : v;
       }
     }
   }

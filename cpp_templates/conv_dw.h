@@ -16,7 +16,9 @@
 //   pixel p, channel oc at dst[(p - p0) * ldt + oc]: the rows the next stage reads (for epi_d the tile
 //   itself: in place). epi_p is aotc_conv2d_packed's epilogue, writing the block's output. epi_e and epi_d
 //   may instead be an aotc_conv_clamp<T> (bias, ReLU6: conv_depthwise.h), applied to the accumulators in registers:
-//   no pass over the rows at all.
+//   no pass over the rows at all; epi_p an aotc_conv_out<T> (conv.h: bias, residual, clamp), the projection
+//   then written from its registers where O is whole vectors (its pass over a tile was ~4% of MobileNetV2's
+//   blocks at AVX2, most where a residual is added).
 //
 // Steps: R output rows at a time (at least AOTC_BLOCK_PIXELS pixels: full micro-kernel strips on a 7x7
 // image too), from a ring of the (R - 1) * sh + KH input rows they need; each step expands only the rows
@@ -75,13 +77,40 @@ static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
   return ((v != v) | (v < hi)) ? v : hi;
 }
 
+// A strip's output written from its registers (the projection into the block's output, aotc_conv_out): ``bias``
+// (at the strip's first channel; NULL: none) and then row i of ``res`` (res + i * ldres; NULL: none) added to
+// the accumulators before ``fin``'s clamp, in the order and rounding of aotc_conv_out's pass over a tile.
+template <class T>
+struct aotc_block_out {
+  const T* bias;
+  const T* res;
+  int64_t ldres;
+};
+
 // An MR x NV block of accumulators into c (pitch ldc), ``fin``'s clamp (NULL: none) applied on the way; its
-// bias is already in the accumulators (aotc_block_1x1_part starts them there). Always inlined: called apart,
-// the accumulators went through memory (the 112x112 block 1.7x slower once aotc_block_1x1 grew past GCC's
-// inlining budget).
+// bias is already in the accumulators (aotc_block_1x1_part starts them there), or with ``out`` added here.
+// Always inlined: called apart, the accumulators went through memory (the 112x112 block 1.7x slower once
+// aotc_block_1x1 grew past GCC's inlining budget).
 template <class T, int MR, int NV, class V>
-static inline __attribute__((always_inline)) void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin) {
+static inline __attribute__((always_inline)) void aotc_block_store(V (&acc)[MR][NV], T* c, int64_t ldc, const aotc_conv_clamp<T>* fin,
+                                                                   const aotc_block_out<T>* out = NULL) {
   constexpr int L = (int)(sizeof(V) / sizeof(T));
+  if (out != NULL) {
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        V v;
+        if (out->bias != NULL) {
+          memcpy(&v, out->bias + j * L, sizeof(V));
+          acc[i][j] += v;
+        }
+        if (out->res != NULL) {
+          memcpy(&v, out->res + i * out->ldres + j * L, sizeof(V));
+          acc[i][j] += v;
+        }
+      }
+  }
   if (fin != NULL) {
     const V lo = aotc_vset1(fin->lo), hi = aotc_vset1(fin->hi);
 #pragma GCC unroll 32
@@ -102,7 +131,8 @@ static inline __attribute__((always_inline)) void aotc_block_store(V (&acc)[MR][
 // in a pass over the stored tile.
 template <class T, int MR, int NV, int NVP, int STEP>
 static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c, int64_t ldc,
-                                       const aotc_conv_clamp<T>* fin, const T* bias, const T* pf, int64_t pfk) {
+                                       const aotc_conv_clamp<T>* fin, const T* bias, const T* pf, int64_t pfk,
+                                       const aotc_block_out<T>* out) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NVP * L;
   // with ``fin`` the accumulators start at the bias: an add per accumulator fewer on the FMA ports (the
@@ -149,18 +179,22 @@ static inline void aotc_block_1x1_part(int64_t C, const T* a, const T* const* in
   }
 #pragma GCC unroll 2
   for (; k < C; ++k) step(k);
-  aotc_block_store<T, MR, NV>(acc, c, ldc, fin);
+  aotc_block_store<T, MR, NV>(acc, c, ldc, fin, out);
 }
 
 // The first NU of the panel's NV vectors (NU < NV: a last panel of fewer channels, the rest not computed)
 template <class T, int MR, int NV, int STEP, int NU = NV>
 static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* ind, const T* __restrict b, T* c,
                                         int64_t ldc, const aotc_conv_clamp<T>* fin, const T* bias, const T* pf,
-                                        int64_t pfk) {
+                                        int64_t pfk, const aotc_block_out<T>* out) {
   constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NU>::value;
-  for (int j0 = 0; j0 < NU; j0 += NH)
+  for (int j0 = 0; j0 < NU; j0 += NH) {
+    aotc_block_out<T> o{};
+    if (out != NULL)
+      o = {out->bias != NULL ? out->bias + j0 * L : NULL, out->res != NULL ? out->res + j0 * L : NULL, out->ldres};
     aotc_block_1x1_part<T, MR, NH, NV, STEP>(C, a, ind, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL,
-                                             pf, j0 == 0 ? pfk : 0);
+                                             pf, j0 == 0 ? pfk : 0, out != NULL ? &o : NULL);
+  }
 }
 
 // f(std::integral_constant<int, nu>()) for nu in [1, NU]
@@ -169,6 +203,14 @@ static inline void aotc_block_vectors(int nu, F f) {
   if constexpr (NU > 1)
     if (nu < NU) return aotc_block_vectors<NU - 1>(nu, f);
   f(std::integral_constant<int, NU>());
+}
+
+// Whether aotc_block_1x1 covers np pixels with strips that start inside them (no padding rows): at least MR
+// pixels, or MR / 2 to 3 MR / 4 (aotc_conv_row_strips; np in (3 MR / 4, MR) would take a full strip).
+template <int NV>
+static inline bool aotc_block_exact(int64_t np) {
+  constexpr int MR = aotc_conv_mr<NV>::value, MR2 = MR / 2 > 0 ? MR / 2 : 1;
+  return np >= MR || (np >= MR2 && np <= 3 * MR / 4);
 }
 
 // The np pixels of image xn from pixel q = ih * W + iw on (channels [0, C) each, channel stride 1) x the
@@ -189,15 +231,17 @@ static inline void aotc_block_vectors(int nu, F f) {
 // more, which on the 1x1 convs of 16 to 32 input channels left the load ports, not the FMAs, the limit
 // (AVX-512, MobileNetV2's blocks 5-24% faster). AVX2's strips of 6 keep their pointers in registers:
 // the pointer form there (the row form measured 0-4% slower).
+// ``out`` (NULL: none; only where aotc_block_exact holds): the strips' output as aotc_block_store takes it, its
+// bias at out->bias + js for panel js and pixel i's residual at out->res + i * out->ldres.
 template <class T, int NV, int STEP = 0>
 static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t W, int64_t q, int64_t np, int64_t C,
                                   int64_t kp, int64_t O, const T* wp, const T** ind, T* c, int64_t ldc,
-                                  const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL) {
+                                  const aotc_conv_clamp<T>* fin = NULL, const T* bias = NULL, T* tail = NULL,
+                                  const aotc_block_out<T>* out = NULL) {
   typedef typename aotc_mm_vec<T>::type V;
   constexpr int L = (int)(sizeof(V) / sizeof(T)), NR = NV * L, MR = aotc_conv_mr<NV>::value;
   constexpr int MR2 = MR / 2 > 0 ? MR / 2 : 1, MR4 = MR / 4 > 0 ? MR / 4 : 1;
-  // aotc_conv_row_strips's strips start inside [0, np) there (np in (3 MR / 4, MR) would take a full strip)
-  const bool exact = np >= MR || (np >= MR2 && np <= 3 * MR / 4);
+  const bool exact = aotc_block_exact<NV>(np);
   const int64_t strips = (np + MR - 1) / MR, rows = exact ? np : strips * MR;
   for (int64_t i = 0, h = q / W, w = q % W; i < rows; ++i) {
     ind[i] = i < np ? xn + h * sxh + w * sxw : ind[0];  // past np: any real pixel
@@ -215,13 +259,17 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
     const int64_t k0 = aotc_mm_min(i / MR, strips - 1) * chunk;
     const T* pf = js + NR < O && k0 < C ? wp + (js + NR) * kp + k0 * NR : NULL;
     const int64_t pfk = pf != NULL ? aotc_mm_min(chunk, C - k0) : 0;
+    aotc_block_out<T> o{};
+    if (out != NULL)
+      o = {out->bias != NULL ? out->bias + js : NULL, out->res != NULL ? out->res + i * out->ldres + js : NULL, out->ldres};
+    const aotc_block_out<T>* so = out != NULL ? &o : NULL;
     if constexpr (rowk) {
       if (even && real) {  // pixel i + j at ind[i] + j * STEP
-        aotc_block_1x1_micro<T, M, NV, STEP, NU>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b, pf, pfk);
+        aotc_block_1x1_micro<T, M, NV, STEP, NU>(C, ind[i], NULL, wp + js * kp, dst, ldc, fin, b, pf, pfk, so);
         return;
       }
     }
-    aotc_block_1x1_micro<T, M, NV, 0, NU>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b, pf, pfk);
+    aotc_block_1x1_micro<T, M, NV, 0, NU>(C, NULL, ind + i, wp + js * kp, dst, ldc, fin, b, pf, pfk, so);
   };
   for (int64_t js = 0; js < O; js += NR) {
     // a last panel's vectors past O are not computed (their columns of c are not written): 144 channels in
@@ -324,6 +372,14 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   const aotc_mm_scratch<T> scratch((size_t)(per * threads + part_sz * N * slices), nested);
   T* ws_all = scratch.p;
   T* parts = ws_all + per * threads;
+  // an aotc_conv_out projection epilogue's clamp, applied after its bias and residual (aotc_block_out); none
+  // where its bounds are infinite (no activation)
+  aotc_conv_clamp<T> clamp_p{NULL, 0, T(0), T(0)};
+  const aotc_conv_clamp<T>* fin_p = NULL;
+  if constexpr (aotc_conv_is_out<T, EpiP>::value) {
+    clamp_p = {NULL, 0, epi_p.fin.lo, epi_p.fin.hi};
+    if (!(clamp_p.lo == -(T)INFINITY && clamp_p.hi == (T)INFINITY)) fin_p = &clamp_p;
+  }
   // Per slot: its last task (whose rows its ring still holds)
   int64_t last_task[AOTC_POOL_MAX];
   for (int64_t i = 0; i < threads; ++i) last_task[i] = -1;
@@ -403,6 +459,16 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
           aotc_block_1x1<T, NVP, SP>(drow + h0, 0, ldd, r * OW, q, np, hb, hid, sp.O, wp + h0 * NRP, ind, part + (oh * OW + q) * ldp, ldp);
           continue;
         }
+        if constexpr (aotc_conv_is_out<T, EpiP>::value) {
+          if (sp.O % L == 0 && aotc_block_exact<NVP>(np)) {  // the output from the registers, no pass over a tile
+            const int64_t p = n * epi_p.P + oh * OW + q;
+            const aotc_block_out<T> out{epi_p.fin.bias != NULL ? epi_p.fin.bias + n * epi_p.fin.bias_n : NULL,
+                                        epi_p.res != NULL ? epi_p.res + p * sp.O : NULL, sp.O};
+            aotc_block_1x1<T, NVP, SP>(drow, 0, ldd, r * OW, q, np, hid, hid, sp.O, wp, ind, epi_p.out + p * sp.O, sp.O, fin_p,
+                                       NULL, NULL, &out);
+            continue;
+          }
+        }
         aotc_block_1x1<T, NVP, SP>(drow, 0, ldd, r * OW, q, np, hid, hid, sp.O, wp, ind, ptile, ldp);
         epi_p(n, oh * OW + q, np, (int64_t)0, sp.O, (const T*)ptile, ldp);
       }
@@ -448,7 +514,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const SX* x, aotc_conv_strides x
 
 template <int NVE, int NVP, int CE = 0, int CH = 0>
 static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t hid, int64_t O, int64_t stride,
-                            int threads, bool fin = false) {
+                            int threads, bool fin = false, bool out = false) {
   constexpr int L = AOTC_VBYTES / 4, NRE = NVE * L, NRP = NVP * L;
   const int64_t OH = (H - 1) / stride + 1, OW = (W - 1) / stride + 1;
   const aotc_conv_shape se{N, C, H, W, hid, 1, 1, H, W, 1, 1, 0, 0, 1, 1, 1};
@@ -503,7 +569,23 @@ static int aotc_block_check(int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
       for (int64_t oc = oc0; oc < oc0 + ocb; ++oc)
         got[(n * OH * OW + p) * O + oc] = t[(p - p0) * ldt + oc - oc0] + (res ? x[(n * H * W + p) * C + oc] : 0.0f);
   };
-  if (fin) {  // the register epilogues: a per-image bias for the expand, one shared by the images for the depthwise
+  if (out) {  // the projection into the output from its registers (aotc_conv_out): a per-image bias, the clamp
+    std::vector<float> bp(N * O);
+    for (size_t i = 0; i < bp.size(); ++i) bp[i] = (float)((i * 5) % 7) - 3.0f;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < OH * OW * O; ++i) {
+        const float v = want[n * OH * OW * O + i] + bp[n * O + i % O];
+        want[n * OH * OW * O + i] = v < -4.0f ? -4.0f : v > 40.0f ? 40.0f : v;
+      }
+    // (want holds acc + x: with the bias added after, exact on integers in either order)
+    const aotc_conv_out<float> po{got.data(), {bp.data(), O, -4.0f, 40.0f}, OH * OW, O, res ? x.data() : NULL};
+    std::vector<float> be(N * hid, -1.0f), bd(hid, 2.0f);
+    const aotc_conv_clamp<float> fe{be.data(), hid, 0.0f, 6.0f}, fd{bd.data(), 0, 0.0f, 6.0f};
+    if (fin)
+      aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fd, po);
+    else
+      aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), row_epi(-1), row_epi(2), po);
+  } else if (fin) {  // the register epilogues: a per-image bias for the expand, one shared by the images for the depthwise
     std::vector<float> be(N * hid, -1.0f), bd(hid, 2.0f);
     const aotc_conv_clamp<float> fe{be.data(), hid, 0.0f, 6.0f}, fd{bd.data(), 0, 0.0f, 6.0f};
     aotc_conv_block<float, NVE, NVP, CE, CH>(se, x.data(), xs, we.data(), sd, wd.data(), sp, wp.data(), fe, fd, out_epi);
@@ -613,6 +695,15 @@ int main() {
     fails += aotc_block_check<2, 1, 7, 40>(3, 7, 7, 7, 40, 9, 1, threads, fin);
     fails += aotc_block_check<2, 2, 16, 160>(1, 16, 7, 7, 160, 16, 1, threads, fin);
     fails += aotc_block_check<1, 2, 8, 70>(1, 8, 13, 11, 70, 19, 2, threads, fin);
+    // the projection written from its registers (aotc_conv_out): with a residual, strided, a last panel of
+    // fewer vectors (24 = 16 + 8), 7x7 (hidden slices on two threads: a tile), O not whole vectors (a tile),
+    // a piece shorter than a strip (one pixel: a tile)
+    fails += aotc_block_check<2, 2, 16, 96>(1, 16, 19, 21, 96, 16, 1, threads, fin, true);
+    fails += aotc_block_check<2, 2, 16, 96>(2, 16, 19, 21, 96, 24, 2, threads, fin, true);
+    fails += aotc_block_check<2, 2, 16, 160>(1, 16, 7, 7, 160, 16, 1, threads, fin, true);
+    fails += aotc_block_check<2, 2>(2, 24, 6, 5, 144, 20, 2, threads, fin, true);
+    fails += aotc_block_check<1, 1>(1, 3, 1, 1, 7, 8, 1, threads, fin, true);
+    fails += aotc_block_check<2, 2, 24, 144>(1, 24, 56, 9, 144, 24, 1, threads, fin, true);
   }
   return fails != 0;
 }

@@ -61,6 +61,10 @@ def test_which_chains_fuse() -> None:
     assert [(e.c_in, d.stride, p.c_out) for e, d, p in blocks.values()] == [(16, (1, 1), 16), (16, (2, 2), 13)]
     src = cpp.generate(packed, BuildOptions(targets=(Target("cpu", "x86-64-v4"),)))
     assert src.count("aotc_conv_block<") == 2 and '#include "conv_dw.h"' in src
+    # both projections (bias and a skip connection; bias alone) written by the template from its registers,
+    # the residual one with the block's input as its residual
+    outs = [ln for ln in src.splitlines() if "aotc_conv_out<float> aotc_epi_p" in ln]
+    assert len(outs) == 2 and outs[0].count(",") == outs[1].count(",") + 1, outs
     convs = [k for k in packed.kernels if isinstance(k, K.Conv)]
     assert src.count("aotc_conv2d_packed<") + src.count("aotc_conv2d_dw<") == len(convs) - 6 and len(convs) == 12
 

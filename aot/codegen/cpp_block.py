@@ -229,12 +229,14 @@ def _shape(k: K.Conv) -> str:
 
 
 def write_block(
-    fname: str, params: list[str], stages: tuple[KernelWriter, KernelWriter, KernelWriter], clamps: tuple[Clamp | None, Clamp | None]
-) -> str:
+    fname: str, params: list[str], stages: tuple[KernelWriter, KernelWriter, KernelWriter], clamps: tuple[Clamp | None, Clamp | None],
+    out_p: str | None = None,
+) -> str:  # fmt: skip
     """The fused function: the three shapes, each stage's epilogue (the first two an ``aotc_conv_clamp`` where
-    ``clamps`` has one, else a lambda storing in place), and the ``aotc_conv_block`` call. ``stages``: the
-    expand's and the depthwise's writers hold kernels whose store is ``in_place`` and whose output buffer
-    prints as ROW_DST."""
+    ``clamps`` has one, else a lambda storing in place; the projection's ``out_p``, an ``aotc_conv_out``
+    initializer, where given, else a lambda), and the ``aotc_conv_block`` call. ``stages``: the expand's and
+    the depthwise's writers hold kernels whose store is ``in_place`` and whose output buffer prints as
+    ROW_DST."""
     e, d, p = stages
     ke, kd, kp = e.k, d.k, p.k
     assert isinstance(ke, K.Conv) and isinstance(kd, K.Conv) and isinstance(kp, K.Conv)
@@ -252,7 +254,10 @@ def write_block(
             body.line(f"const aotc_conv_clamp<float> aotc_epi_{name} = {clamp.c_init(st.ctx.bufs)};")
         else:
             st.nhwc_epilogue(body, f"auto aotc_epi_{name} = [&]({rows}, float* {ROW_DST})", "};", f"{shape}.OW")
-    p.nhwc_epilogue(body, f"auto aotc_epi_p = [&]({rows})", "};", "aotc_sp.OW")
+    if out_p is not None:  # conv_dw.h writes the output from the projection's registers
+        body.line(f"const aotc_conv_out<float> aotc_epi_p = {out_p};")
+    else:
+        p.nhwc_epilogue(body, f"auto aotc_epi_p = [&]({rows})", "};", "aotc_sp.OW")
     # the input and the depthwise weight as the template reads them (bf16 ones as tags: conv_dw.h widens them)
     x, we = operand_ptr(e.ctx.bufs[ke.x.buf], ke.x.dtype), e.ctx.bufs[ke.w.buf]
     wd, wp = operand_ptr(d.ctx.bufs[kd.w.buf], kd.w.dtype), p.ctx.bufs[kp.w.buf]

@@ -257,4 +257,22 @@ def block_function(
         params.append(f"{'' if b in written else 'const '}{t}* {ptrs[b]}")
     weights = {b.name for b in prog.weights}
     clamps = (clamp_of(row_value(e.stores[0]), weights), clamp_of(row_value(d.stores[0]), weights))
-    return write_block(fname, params, (stages[0], stages[1], stages[2]), clamps), bufs
+    return write_block(fname, params, (stages[0], stages[1], stages[2]), clamps, _block_out(p, stages[2], weights)), bufs
+
+
+def _block_out(p: K.Conv, st: KernelWriter, weights: set[str]) -> str | None:
+    """The block's projection epilogue as an ``aotc_conv_out`` initializer (its bias, a skip connection, a
+    clamp; fp32, dense channels-last), for conv_dw.h to write from the registers; None for any other."""
+    if p.x.dtype is not DType.f32 or p.w.dtype is not DType.f32:
+        return None
+    res = skip_connection(p, weights)
+    if res is not None:
+        if st.ctx.dtypes[res[1]] is not DType.f32:
+            return None
+        p = replace(p, stores=(res[0],))
+    store = row_store(p, weights)
+    clamp = clamp_of(store, weights) if store is not None else None
+    if store is None or clamp is None or st.ctx.dtypes[store.buf] is not DType.f32:
+        return None
+    tail = f", {st.ctx.bufs[res[1]]}" if res is not None else ""
+    return f"{{{st.ctx.bufs[store.buf]}, {clamp.c_init(st.ctx.bufs)}, aotc_sp.OH * aotc_sp.OW, aotc_sp.O{tail}}}"
