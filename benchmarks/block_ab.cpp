@@ -1,8 +1,8 @@
 // MobileNetV2's 17 inverted-residual blocks (cpp_templates/conv_dw.h's aotc_conv_block) run in sequence as in
 // the model, for benchmarks/cpu_block_ab.py: each block reads the one before's output, its weights its own
 // (14 MB in all, streaming from L3 or memory as in a call of the model), register epilogues for the expand
-// and the depthwise (bias, ReLU6), the projection's bias and residual through a lambda (-DAOTC_AB_OUT=1: through
-// conv.h's aotc_conv_out, as codegen writes it where it can).
+// and the depthwise (bias, ReLU6), the projection's bias and residual through conv.h's aotc_conv_out as codegen
+// writes them (-DAOTC_AB_OUT=0: through a lambda over a tile, as codegen writes other epilogues).
 //
 //   block_ab THREADS REPS  ->  one line per block: "index C H hid O stride median_ms", then "total ms"
 //
@@ -56,6 +56,9 @@ void run_block(const Block& b, const Weights& w, const float* x, float* y) {
       for (int64_t oc = oc0; oc < oc0 + ocb; ++oc) y[p * O + oc] = row[oc - oc0] + bp[oc] + (res ? x[p * b.C + oc] : 0.0f);
     }
   };
+#ifndef AOTC_AB_OUT
+#define AOTC_AB_OUT 1
+#endif
 #if AOTC_AB_OUT  // the projection written from its registers, as codegen's aotc_conv_out epilogue asks
   (void)epi_p;
   const aotc_conv_out<float> out{y, {bp, 0, -INFINITY, INFINITY}, OH * OH, O, res ? x : NULL};
