@@ -428,8 +428,8 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
   // Each pixel block streams its channel block's weights once, and each channel block reads its pixels'
   // inputs once: narrow the side whose re-reads cost less. Pixels first where the image outweighs the
   // weights (a weight panel is then re-read from cache); channels first where the weights outweigh the
-  // image (MobileNetV2's last 1x1 conv, 49 pixels x 320 -> 1280 channels: 1.6 MB of weights that three
-  // pixel blocks of 24 streamed three times).
+  // image (a deep conv over a 7x7 image: MobileNetV2's last 1x1 conv, 1.6 MB of weights, was streamed three
+  // times by three pixel blocks of 24, before 1x1 convs with two-vector panels ran as a matmul, below).
   int64_t MB = aotc_mm_min(aotc_roundup(P, MR), AOTC_CONV_MB), NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
   auto ntasks = [&]() { return s.N * ((P + MB - 1) / MB) * ((s.O + NB - 1) / NB); };
   if (s.O > s.N * P)
