@@ -120,22 +120,11 @@ class ConvEmitter:
         better)."""
         k = self.k
         assert isinstance(k, K.Conv)
-        if not k.packed or k.x.dtype is not DType.f32 or k.w.dtype is not DType.f32:
+        if not k.packed or (k.kernel == (1, 1) and k.stride == (1, 1)) or k.c_out % int(k.w.strides[0]):
             return None
-        if k.kernel == (1, 1) and k.stride == (1, 1):
-            return None
-        weights = {b.name for b in self.prog.weights}
-        res = skip_connection(k, weights) if k.wino else None  # the row kernels' stores take none
-        if res is not None:
-            if self.ctx.dtypes[res[1]] is not DType.f32:
-                return None
-            k = replace(k, stores=(res[0],))
-        st = row_store(k, weights)
-        clamp = clamp_of(st, weights) if st is not None else None
-        if st is None or clamp is None or self.ctx.dtypes[st.buf] is not DType.f32 or k.c_out % int(k.w.strides[0]):
-            return None
-        tail = f", {self.ctx.bufs[res[1]]}" if res is not None else ""
-        return f"aotc_conv_out<float>{{{self.ctx.bufs[st.buf]}, {clamp.c_init(self.ctx.bufs)}, aotc_s.OH * aotc_s.OW, aotc_s.O{tail}}}"
+        # the row kernels' stores take no skip connection
+        init = conv_out_init(k, self.ctx, {b.name for b in self.prog.weights}, "aotc_s", residual=bool(k.wino))
+        return f"aotc_conv_out<float>{init}" if init is not None else None
 
     def _conv_pool(self: _Host, at: str) -> None:
         """A conv with a max/min pool fused after it (cpp_pool.py, conv_pool.h): ``pre`` as a lambda of the
@@ -263,16 +252,24 @@ def block_function(
 def _block_out(p: K.Conv, st: KernelWriter, weights: set[str]) -> str | None:
     """The block's projection epilogue as an ``aotc_conv_out`` initializer (its bias, a skip connection, a
     clamp; fp32, dense channels-last), for conv_dw.h to write from the registers; None for any other."""
-    if p.x.dtype is not DType.f32 or p.w.dtype is not DType.f32:
+    return conv_out_init(p, st.ctx, weights, "aotc_sp", residual=True)
+
+
+def conv_out_init(k: K.Conv, ctx: Kctx, weights: set[str], shape: str, residual: bool) -> str | None:
+    """The braced initializer of conv.h's ``aotc_conv_out`` for ``k`` (``shape``: the C name of its
+    aotc_conv_shape), when k's fp32 output is stored dense channels-last as a clamp of the accumulator (a folded
+    batch-norm, ReLU or ReLU6: ``clamp_of``), after a skip connection where ``residual`` allows one
+    (``skip_connection``, added after the bias as eager does); None otherwise."""
+    if k.x.dtype is not DType.f32 or k.w.dtype is not DType.f32:
         return None
-    res = skip_connection(p, weights)
+    res = skip_connection(k, weights) if residual else None
     if res is not None:
-        if st.ctx.dtypes[res[1]] is not DType.f32:
+        if ctx.dtypes[res[1]] is not DType.f32:
             return None
-        p = replace(p, stores=(res[0],))
-    store = row_store(p, weights)
-    clamp = clamp_of(store, weights) if store is not None else None
-    if store is None or clamp is None or st.ctx.dtypes[store.buf] is not DType.f32:
+        k = replace(k, stores=(res[0],))
+    st = row_store(k, weights)
+    clamp = clamp_of(st, weights) if st is not None else None
+    if st is None or clamp is None or ctx.dtypes[st.buf] is not DType.f32:
         return None
-    tail = f", {st.ctx.bufs[res[1]]}" if res is not None else ""
-    return f"{{{st.ctx.bufs[store.buf]}, {clamp.c_init(st.ctx.bufs)}, aotc_sp.OH * aotc_sp.OW, aotc_sp.O{tail}}}"
+    tail = f", {ctx.bufs[res[1]]}" if res is not None else ""
+    return f"{{{ctx.bufs[st.buf]}, {clamp.c_init(ctx.bufs)}, {shape}.OH * {shape}.OW, {shape}.O{tail}}}"
