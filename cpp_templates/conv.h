@@ -304,8 +304,7 @@ struct aotc_conv_out {
   int64_t P, O;
   const T* res = NULL;
   // A tile's pass (where the kernels do not write from their registers): vectors, then the channels past the
-  // last whole one; no clamp where its bounds are infinite (no activation: a NaN and the zeros' signs pass as
-  // they would through it). As one simd loop over the channels with the clamp and the null checks inside, it
+  // last whole one; no clamp where it cannot change a value (aotc_conv_clamp::bounded). As one simd loop over the channels with the clamp and the null checks inside, it
   // stayed scalar: MobileNetV2's blocks whose tiles it took (24 channels at AVX-512, hidden slices on 2
   // threads) ran 6-32% slower than through a lambda.
   void operator()(int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const T* tile, int64_t ldt) const {
@@ -313,7 +312,7 @@ struct aotc_conv_out {
     constexpr int L = (int)(sizeof(V) / sizeof(T));
     const T* bias = fin.bias != NULL ? fin.bias + n * fin.bias_n + o0 : NULL;
     const aotc_conv_clamp<T> clamp{NULL, 0, fin.lo, fin.hi};
-    const bool clamps = !(fin.lo == -(T)INFINITY && fin.hi == (T)INFINITY);
+    const bool clamps = fin.bounded();
     const int64_t ov = ob / L * L;
     for (int64_t p = p0; p < p0 + pb; ++p) {
       T* o = out + (n * P + p) * O + o0;
@@ -421,21 +420,6 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
     return;
   }
   const int64_t P = s.OH * s.OW, taps = s.KH * s.KW;
-  const double flops = 2.0 * (double)s.N * (double)P * (double)s.O * (double)(taps * s.C > 0 ? taps * s.C : 1);
-  const int64_t most = aotc_pool_threads();
-  const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
-  // Blocks: MB pixels x NB channels, narrowed until there are a few tasks per thread the work pays for.
-  // Each pixel block streams its channel block's weights once, and each channel block reads its pixels'
-  // inputs once: narrow the side whose re-reads cost less. Pixels first where the image outweighs the
-  // weights (a weight panel is then re-read from cache); channels first where the weights outweigh the
-  // image (a deep conv over a 7x7 image: MobileNetV2's last 1x1 conv, 1.6 MB of weights, was streamed three
-  // times by three pixel blocks of 24, before 1x1 convs with two-vector panels ran as a matmul, below).
-  int64_t MB = aotc_mm_min(aotc_roundup(P, MR), AOTC_CONV_MB), NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
-  auto ntasks = [&]() { return s.N * ((P + MB - 1) / MB) * ((s.O + NB - 1) / NB); };
-  if (s.O > s.N * P)
-    while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
-  while (MB > 2 * MR && ntasks() < want) MB = aotc_roundup(MB / 2, MR);
-  while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   const bool rows = taps == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.H == s.OH && s.W == s.OW &&
                     xs.s2 == s.W * xs.s3;
   if constexpr (NV == 2) {
@@ -449,6 +433,21 @@ void aotc_conv2d_packed(const aotc_conv_shape& s, const SX* x, aotc_conv_strides
       return;
     }
   }
+  const double flops = 2.0 * (double)s.N * (double)P * (double)s.O * (double)(taps * s.C > 0 ? taps * s.C : 1);
+  const int64_t most = aotc_pool_threads();
+  const int64_t want = aotc_mm_min(most, (int64_t)(flops / AOTC_MM_FLOPS_PER_THREAD)) * 4;
+  // Blocks: MB pixels x NB channels, narrowed until there are a few tasks per thread the work pays for.
+  // Each pixel block streams its channel block's weights once, and each channel block reads its pixels'
+  // inputs once: narrow the side whose re-reads cost less. Pixels first where the image outweighs the
+  // weights (a weight panel is then re-read from cache); channels first where the weights outweigh the
+  // image (a deep conv over a 7x7 image: MobileNetV2's last 1x1 conv, 1.6 MB of weights, was streamed three
+  // times by three pixel blocks of 24, before 1x1 convs with two-vector panels ran as a matmul, above).
+  int64_t MB = aotc_mm_min(aotc_roundup(P, MR), AOTC_CONV_MB), NB = aotc_mm_min(aotc_roundup(s.O, NR), AOTC_MM_NB);
+  auto ntasks = [&]() { return s.N * ((P + MB - 1) / MB) * ((s.O + NB - 1) / NB); };
+  if (s.O > s.N * P)
+    while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
+  while (MB > 2 * MR && ntasks() < want) MB = aotc_roundup(MB / 2, MR);
+  while (NB > NR && ntasks() < want) NB = aotc_roundup(NB / 2, NR);
   if constexpr (STEP > 0) {
     if (!rows && STEP == s.sw * s.C && xs.s3 == s.C && s.dw == 1) {
       const int64_t lo = aotc_conv_first(-s.pw, s.sw, 0, s.OW), hi = aotc_conv_end(s.KW - 1 - s.pw, s.sw, s.W, s.OW);

@@ -85,6 +85,10 @@ struct aotc_block_out {
   const T* bias;
   const T* res;
   int64_t ldres;
+  // the same output from row i, column j on (a strip's, or a pass's share of a strip's vectors)
+  aotc_block_out at(int64_t i, int64_t j) const {
+    return {bias != NULL ? bias + j : NULL, res != NULL ? res + i * ldres + j : NULL, ldres};
+  }
 };
 
 // An MR x NV block of accumulators into c (pitch ldc), ``fin``'s clamp (NULL: none) applied on the way; its
@@ -189,9 +193,7 @@ static inline void aotc_block_1x1_micro(int64_t C, const T* a, const T* const* i
                                         int64_t pfk, const aotc_block_out<T>* out) {
   constexpr int L = (int)(sizeof(typename aotc_mm_vec<T>::type) / sizeof(T)), NH = aotc_conv_split<MR, NU>::value;
   for (int j0 = 0; j0 < NU; j0 += NH) {
-    aotc_block_out<T> o{};
-    if (out != NULL)
-      o = {out->bias != NULL ? out->bias + j0 * L : NULL, out->res != NULL ? out->res + j0 * L : NULL, out->ldres};
+    const aotc_block_out<T> o = out != NULL ? out->at(0, j0 * L) : aotc_block_out<T>{};
     aotc_block_1x1_part<T, MR, NH, NV, STEP>(C, a, ind, b + j0 * L, c + j0 * L, ldc, fin, bias != NULL ? bias + j0 * L : NULL,
                                              pf, j0 == 0 ? pfk : 0, out != NULL ? &o : NULL);
   }
@@ -259,9 +261,7 @@ static inline void aotc_block_1x1(const T* xn, int64_t sxh, int64_t sxw, int64_t
     const int64_t k0 = aotc_mm_min(i / MR, strips - 1) * chunk;
     const T* pf = js + NR < O && k0 < C ? wp + (js + NR) * kp + k0 * NR : NULL;
     const int64_t pfk = pf != NULL ? aotc_mm_min(chunk, C - k0) : 0;
-    aotc_block_out<T> o{};
-    if (out != NULL)
-      o = {out->bias != NULL ? out->bias + js : NULL, out->res != NULL ? out->res + i * out->ldres + js : NULL, out->ldres};
+    const aotc_block_out<T> o = out != NULL ? out->at(i, js) : aotc_block_out<T>{};
     const aotc_block_out<T>* so = out != NULL ? &o : NULL;
     if constexpr (rowk) {
       if (even && real) {  // pixel i + j at ind[i] + j * STEP
@@ -373,12 +373,12 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   T* ws_all = scratch.p;
   T* parts = ws_all + per * threads;
   // an aotc_conv_out projection epilogue's clamp, applied after its bias and residual (aotc_block_out); none
-  // where its bounds are infinite (no activation)
+  // where it cannot change a value
   aotc_conv_clamp<T> clamp_p{NULL, 0, T(0), T(0)};
   const aotc_conv_clamp<T>* fin_p = NULL;
   if constexpr (aotc_conv_is_out<T, EpiP>::value) {
     clamp_p = {NULL, 0, epi_p.fin.lo, epi_p.fin.hi};
-    if (!(clamp_p.lo == -(T)INFINITY && clamp_p.hi == (T)INFINITY)) fin_p = &clamp_p;
+    if (clamp_p.bounded()) fin_p = &clamp_p;
   }
   // Per slot: its last task (whose rows its ring still holds)
   int64_t last_task[AOTC_POOL_MAX];

@@ -15,6 +15,7 @@
 #ifndef AOTC_CONV_KERNELS_H
 #define AOTC_CONV_KERNELS_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -46,6 +47,9 @@ struct aotc_conv_clamp {
   const T* bias;
   int64_t bias_n;
   T lo, hi;
+  // whether the clamp can change a value: not with both bounds infinite (no activation; a NaN and the zeros'
+  // signs pass through it unchanged too), where callers skip it
+  bool bounded() const { return !(lo == -(T)INFINITY && hi == (T)INFINITY); }
 };
 template <class T>
 static inline T aotc_conv_fin(T v, const aotc_conv_clamp<T>& f, const T* bias, int64_t c) {
