@@ -291,6 +291,20 @@ static inline bool aotc_conv_nested() { return aotc_pool_inside || omp_in_parall
 #define AOTC_CONV_ROW_PIXELS 96  // output pixels per task of the row kernel at most, whole rows (one at least)
 #endif
 
+// An output written from a kernel's registers (aotc_conv_out::at; conv_dw.h's blocks write their projection so):
+// ``bias`` (at the first channel; NULL: none) and then row i of ``res`` (res + i * ldres; NULL: none) added to
+// the accumulators before the clamp, in the order and rounding of aotc_conv_out's pass over a tile.
+template <class T>
+struct aotc_block_out {
+  const T* bias;
+  const T* res;
+  int64_t ldres;
+  // the same output from row i, column j on (a strip's, or a pass's share of a strip's vectors)
+  aotc_block_out at(int64_t i, int64_t j) const {
+    return {bias != NULL ? bias + j : NULL, res != NULL ? res + i * ldres + j : NULL, ldres};
+  }
+};
+
 // An epilogue that writes the conv's output dense channels-last, out[(n * P + p) * O + oc] (P pixels an image,
 // p = oh * OW + ow), as fin's clamp of the accumulators plus the bias (a folded batch-norm and ReLU/ReLU6:
 // codegen's cpp_conv.py), with ``res`` (NULL: none; the output's layout, and it may be the output itself)
@@ -303,6 +317,10 @@ struct aotc_conv_out {
   aotc_conv_clamp<T> fin;
   int64_t P, O;
   const T* res = NULL;
+  // the bias and residual of image n's pixel p, channel 0 on, for a kernel writing from its registers
+  aotc_block_out<T> at(int64_t n, int64_t p) const {
+    return {fin.bias != NULL ? fin.bias + n * fin.bias_n : NULL, res != NULL ? res + (n * P + p) * O : NULL, O};
+  }
   // A tile's pass (where the kernels do not write from their registers): vectors, then the channels past the
   // last whole one; no clamp where it cannot change a value (aotc_conv_clamp::bounded). As one simd loop over the channels with the clamp and the null checks inside, it
   // stayed scalar: MobileNetV2's blocks whose tiles it took (24 channels at AVX-512, hidden slices on 2
@@ -310,13 +328,13 @@ struct aotc_conv_out {
   void operator()(int64_t n, int64_t p0, int64_t pb, int64_t o0, int64_t ob, const T* tile, int64_t ldt) const {
     typedef typename aotc_mm_vec<T>::type V;
     constexpr int L = (int)(sizeof(V) / sizeof(T));
-    const T* bias = fin.bias != NULL ? fin.bias + n * fin.bias_n + o0 : NULL;
     const aotc_conv_clamp<T> clamp{NULL, 0, fin.lo, fin.hi};
     const bool clamps = fin.bounded();
     const int64_t ov = ob / L * L;
     for (int64_t p = p0; p < p0 + pb; ++p) {
       T* o = out + (n * P + p) * O + o0;
-      const T* r = res != NULL ? res + (n * P + p) * O + o0 : NULL;
+      const aotc_block_out<T> at_p = at(n, p).at(0, o0);
+      const T *bias = at_p.bias, *r = at_p.res;
       const T* t = tile + (p - p0) * ldt;
       int64_t c = 0;
       for (; c < ov; c += L) {

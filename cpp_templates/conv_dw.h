@@ -77,20 +77,6 @@ static inline V aotc_block_vclamp(V v, const T* b, V lo, V hi) {
   return ((v != v) | (v < hi)) ? v : hi;
 }
 
-// A strip's output written from its registers (the projection into the block's output, aotc_conv_out): ``bias``
-// (at the strip's first channel; NULL: none) and then row i of ``res`` (res + i * ldres; NULL: none) added to
-// the accumulators before ``fin``'s clamp, in the order and rounding of aotc_conv_out's pass over a tile.
-template <class T>
-struct aotc_block_out {
-  const T* bias;
-  const T* res;
-  int64_t ldres;
-  // the same output from row i, column j on (a strip's, or a pass's share of a strip's vectors)
-  aotc_block_out at(int64_t i, int64_t j) const {
-    return {bias != NULL ? bias + j : NULL, res != NULL ? res + i * ldres + j : NULL, ldres};
-  }
-};
-
 // An MR x NV block of accumulators into c (pitch ldc), ``fin``'s clamp (NULL: none) applied on the way; its
 // bias is already in the accumulators (aotc_block_1x1_part starts them there), or with ``out`` added here.
 // Always inlined: called apart, the accumulators went through memory (the 112x112 block 1.7x slower once
@@ -372,7 +358,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
   const aotc_mm_scratch<T> scratch((size_t)(per * threads + part_sz * N * slices), nested);
   T* ws_all = scratch.p;
   T* parts = ws_all + per * threads;
-  // an aotc_conv_out projection epilogue's clamp, applied after its bias and residual (aotc_block_out); none
+  // an aotc_conv_out projection epilogue's clamp, applied after its bias and residual (aotc_conv_out::at); none
   // where it cannot change a value
   aotc_conv_clamp<T> clamp_p{NULL, 0, T(0), T(0)};
   const aotc_conv_clamp<T>* fin_p = NULL;
@@ -462,8 +448,7 @@ void aotc_conv_block(const aotc_conv_shape& se, const T* x, aotc_conv_strides xs
         if constexpr (aotc_conv_is_out<T, EpiP>::value) {
           if (sp.O % L == 0 && aotc_block_exact<NVP>(np)) {  // the output from the registers, no pass over a tile
             const int64_t p = n * epi_p.P + oh * OW + q;
-            const aotc_block_out<T> out{epi_p.fin.bias != NULL ? epi_p.fin.bias + n * epi_p.fin.bias_n : NULL,
-                                        epi_p.res != NULL ? epi_p.res + p * sp.O : NULL, sp.O};
+            const aotc_block_out<T> out = epi_p.at(n, oh * OW + q);
             aotc_block_1x1<T, NVP, SP>(drow, 0, ldd, r * OW, q, np, hid, hid, sp.O, wp, ind, epi_p.out + p * sp.O, sp.O, fin_p,
                                        NULL, NULL, &out);
             continue;
